@@ -1,0 +1,5 @@
+import sys
+
+from gpupool.cli import main
+
+sys.exit(main())

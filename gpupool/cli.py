@@ -1,0 +1,48 @@
+"""The ``gpupool`` command. Each subcommand lives in its own module and registers itself through
+``register(subparsers)``; modules are imported lazily so ``gpupool simulate`` never imports the hub.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path -> the subcommands it provides (for lazy import)
+COMMAND_MODULES = {
+    "gpupool.sim.cli": ("simulate",),
+    "gpupool.client.cli": ("submit", "list", "describe", "logs", "delete", "queues", "top", "sweep", "nodes"),
+    "gpupool.hub_ext.cli": ("hub",),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpupool", description="gpupool: a fair-share GPU pool for JupyterHub")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module, commands in COMMAND_MODULES.items():
+        if only is not None and only not in commands:
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    first = next((a for a in argv if not a.startswith("-")), None)
+    known = {c for cmds in COMMAND_MODULES.values() for c in cmds}
+    parser = build_parser(first if first in known else None)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""gpupool scheduler core: pure, deterministic fair-share GPU scheduling."""

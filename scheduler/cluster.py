@@ -1,0 +1,126 @@
+"""Free capacity of the cluster as numpy arrays: what placement policies score and actions mutate.
+
+One ``ClusterState`` is built per scheduling cycle from the snapshot (and per trace-fill run in
+the simulator), so the live scheduler and the placement benchmark run the very same placement
+code. Units: GPU shares in milli-GPU (1000 = one whole GPU), CPU in milli-cores, memory in bytes.
+Untracked CPU/memory (a node that declares none) is modelled as an effectively infinite amount.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .model import MILLI, NodeSpec, PodPlacement, Workload
+
+UNTRACKED = np.int64(2**60)
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What one pod asks for. ``num_gpus`` whole GPUs (``milli`` = 1000), or one GPU share
+    (``num_gpus`` = 1, ``milli`` < 1000), or a share sized by memory (``gpu_memory`` bytes > 0,
+    converted to milli per node from that node's GPU memory). ``num_gpus`` = 0: CPU only."""
+
+    num_gpus: int = 0
+    milli: int = 0
+    gpu_memory: int = 0
+    cpu_milli: int = 0
+    memory: int = 0
+
+    @property
+    def shape(self) -> tuple:
+        return (self.num_gpus, self.milli, self.gpu_memory, self.cpu_milli, self.memory)
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.num_gpus * self.milli
+
+    @staticmethod
+    def for_workload(w: Workload) -> "PodRequest":
+        cpu = int(round(w.cpu * MILLI))
+        if w.gpu_memory > 0:
+            return PodRequest(1, 0, w.gpu_memory, cpu, w.memory)
+        if w.gpus <= 0:
+            return PodRequest(0, 0, 0, cpu, w.memory)
+        if w.gpus < 1:
+            return PodRequest(1, int(round(w.gpus * MILLI)), 0, cpu, w.memory)
+        return PodRequest(int(w.gpus), MILLI, 0, cpu, w.memory)
+
+
+class ClusterState:
+    """Mutable free capacity. ``gpu_free[n, g]`` is the free milli of GPU g on node n; GPUs a node
+    does not have are masked out by ``gpu_exists`` (their free value is 0)."""
+
+    def __init__(self, nodes: Sequence[NodeSpec]):
+        self.nodes = list(nodes)
+        self.index = {n.name: i for i, n in enumerate(self.nodes)}
+        n = len(self.nodes)
+        g = max((nd.gpus for nd in self.nodes), default=0) or 1
+        self.num_gpus = np.array([nd.gpus for nd in self.nodes], dtype=np.int64)
+        self.gpu_exists = np.arange(g)[None, :] < self.num_gpus[:, None] if n else np.zeros((0, g), bool)
+        self.gpu_free = np.where(self.gpu_exists, MILLI, 0).astype(np.int64)
+        self.gpu_mem = np.array([nd.gpu_memory for nd in self.nodes], dtype=np.int64)
+        self.cpu_total = np.array([UNTRACKED if nd.cpu is None else int(round(nd.cpu * MILLI)) for nd in self.nodes],
+                                  dtype=np.int64)
+        self.mem_total = np.array([UNTRACKED if nd.memory is None else nd.memory for nd in self.nodes], dtype=np.int64)
+        self.cpu_free = self.cpu_total.copy()
+        self.mem_free = self.mem_total.copy()
+        self.models = sorted({nd.gpu_model for nd in self.nodes})
+        self.model_id = np.array([self.models.index(nd.gpu_model) for nd in self.nodes], dtype=np.int64)
+        self.schedulable = np.array([nd.schedulable for nd in self.nodes], dtype=bool)
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def milli_on(self, node: int, req: PodRequest) -> int:
+        """The per-GPU share ``req`` needs on ``node`` (memory-sized shares depend on the GPU)."""
+        if req.gpu_memory > 0:
+            mem = int(self.gpu_mem[node])
+            if mem <= 0:
+                return MILLI + 1  # unknown GPU memory: a memory-sized share cannot be placed
+            return max(1, -(-req.gpu_memory * MILLI // mem))
+        return req.milli
+
+    def take(self, node: int, gpus: Sequence[int], milli: int, cpu_milli: int, memory: int) -> None:
+        for g in gpus:
+            self.gpu_free[node, g] -= milli
+        self.cpu_free[node] -= cpu_milli
+        self.mem_free[node] -= memory
+
+    def give(self, node: int, gpus: Sequence[int], milli: int, cpu_milli: int, memory: int) -> None:
+        for g in gpus:
+            self.gpu_free[node, g] += milli
+        self.cpu_free[node] += cpu_milli
+        self.mem_free[node] += memory
+
+    def take_placement(self, p: PodPlacement, w: Workload) -> None:
+        i = self.index.get(p.node)
+        if i is not None:
+            self.take(i, p.gpus, p.milli, int(round(w.cpu * MILLI)), w.memory)
+
+    def give_placement(self, p: PodPlacement, w: Workload) -> None:
+        i = self.index.get(p.node)
+        if i is not None:
+            self.give(i, p.gpus, p.milli, int(round(w.cpu * MILLI)), w.memory)
+
+    def free_gpu_milli(self) -> int:
+        return int(self.gpu_free[self.schedulable].sum())
+
+    def copy(self) -> "ClusterState":
+        c = object.__new__(ClusterState)
+        c.__dict__.update(self.__dict__)
+        c.gpu_free = self.gpu_free.copy()
+        c.cpu_free = self.cpu_free.copy()
+        c.mem_free = self.mem_free.copy()
+        return c
+
+    def node_mask(self, selector: dict[str, str]) -> np.ndarray | None:
+        """Nodes matching a selector on node fields (gpu_model, name) or labels; None = all."""
+        if not selector:
+            return None
+        mask = self.schedulable.copy()
+        for key, want in selector.items():
+            vals = np.array([(nd.gpu_model if key == "gpu_model" else nd.name if key == "name"
+                              else nd.labels.get(key)) == want for nd in self.nodes], dtype=bool)
+            mask &= vals
+        return mask

@@ -1,0 +1,179 @@
+"""The scheduler's narrow interface: what adapters hand in (a Snapshot) and get back (a CycleResult).
+
+Everything here is plain data. The hub, the Kubernetes backend and the simulator all build a
+`Snapshot` each cycle, call `Scheduler.schedule(snapshot)` and carry out the `CycleResult`:
+
+* ``Bind``: start the workload's pods on the given nodes/GPUs (phase becomes RUNNING).
+* ``Evict``: ask the workload to checkpoint, give it ``preemption_grace`` seconds, stop it and
+  requeue it (phase RELEASING until its resources are free, then PENDING again).
+* ``pending``: why each waiting workload waits, in words a person understands.
+
+Units: ``gpu`` in GPUs (fractions allowed), ``cpu`` in cores, ``memory`` and ``gpu_memory`` in
+bytes. Time is seconds on whatever clock the adapter uses (``Snapshot.now``); the scheduler never
+reads a clock itself.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+RESOURCES = ("gpu", "cpu", "memory")
+
+KINDS = ("interactive", "train", "hpo-trial", "inference")
+DEFAULT_PRIORITY = {"interactive": 100, "inference": 80, "train": 50, "hpo-trial": 50}
+DEFAULT_PREEMPTIBLE = {"interactive": False, "inference": False, "train": True, "hpo-trial": True}
+
+# GPU shares are tracked in milli-GPU integers so that fractions add up exactly.
+MILLI = 1000
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """One queue of the tree. A queue with children is a department; only leaves hold workloads.
+
+    ``deserved`` and ``limit`` map a resource name (gpu, cpu, memory) to an amount. A resource
+    missing from ``limit`` is unlimited; missing from ``deserved`` is 0.
+    """
+
+    name: str
+    parent: str | None = None
+    deserved: dict[str, float] = field(default_factory=dict)
+    limit: dict[str, float] = field(default_factory=dict)
+    over_quota_weight: float = 1.0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node and its GPUs. ``cpu``/``memory`` of None means the resource is not tracked."""
+
+    name: str
+    gpus: int
+    gpu_memory: int = 0  # bytes per GPU; 0 = unknown
+    gpu_model: str = ""
+    cpu: float | None = None
+    memory: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    schedulable: bool = True
+
+
+class Phase(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    RELEASING = "releasing"  # evicted: checkpointing within its grace period, still holds resources
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """Where one pod of a workload runs: ``gpus`` are indices on ``node``; ``fraction`` is the
+    share of each of those GPUs (1.0 for whole GPUs)."""
+
+    pod: int
+    node: str
+    gpus: tuple[int, ...] = ()
+    fraction: float = 1.0
+
+    @property
+    def milli(self) -> int:
+        return int(round(self.fraction * MILLI))
+
+
+@dataclass
+class Workload:
+    """A unit of scheduling: a notebook server, a job, an HPO trial; ``pods`` > 1 is a gang.
+
+    Resource requests are per pod. Exactly one of ``gpus`` (whole GPUs, or a fraction below 1)
+    and ``gpu_memory`` (a fraction of one GPU sized by memory on the chosen GPU) is used; both 0
+    means a CPU-only workload.
+    """
+
+    id: str
+    queue: str
+    user: str = ""
+    kind: str = "train"
+    gpus: float = 0.0
+    gpu_memory: int = 0
+    cpu: float = 0.0
+    memory: int = 0
+    pods: int = 1
+    priority: int | None = None
+    preemptible: bool | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    submit_time: float = 0.0
+    # What the scheduler needs to know to pick victims that lose the least work.
+    checkpoint_on_signal: bool = False
+    last_checkpoint_at: float | None = None  # adapter's clock; None = never checkpointed
+    # Current state, maintained by the adapter.
+    phase: Phase = Phase.PENDING
+    placements: tuple[PodPlacement, ...] = ()
+    started_at: float | None = None  # start of the current run (for min_runtime)
+
+    def __post_init__(self) -> None:
+        if self.priority is None:
+            self.priority = DEFAULT_PRIORITY.get(self.kind, 50)
+        if self.preemptible is None:
+            self.preemptible = DEFAULT_PREEMPTIBLE.get(self.kind, True)
+
+    @property
+    def is_fraction(self) -> bool:
+        return self.gpu_memory > 0 or 0 < self.gpus < 1
+
+    def lost_work(self, now: float) -> float:
+        """Seconds of run time lost if evicted now: zero if it saves on signal, else the time
+        since its last checkpoint (or since it started)."""
+        if self.checkpoint_on_signal or self.started_at is None:
+            return 0.0
+        since = self.started_at
+        if self.last_checkpoint_at is not None and self.last_checkpoint_at > since:
+            since = self.last_checkpoint_at
+        return max(0.0, now - since)
+
+
+@dataclass
+class Snapshot:
+    """The state of the world at ``now``: every node, every queue and every workload that has
+    not ended (pending, running or releasing)."""
+
+    now: float
+    nodes: list[NodeSpec]
+    queues: list[QueueSpec]
+    workloads: list[Workload]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of the core. Adapters expose them as traitlets or scenario ``config`` fields."""
+
+    min_runtime: float = 0.0  # a started preemptible workload is protected this long
+    preemption_grace: float = 30.0  # informs reasons only; the adapter enforces it
+    placement: str = "default"  # placement policy name (see placement.POLICIES)
+    actions: tuple[str, ...] = ("allocate", "consolidate", "reclaim", "preempt")
+    topology_key: str = "rack"  # node label that groups nodes for gang placement
+    seed: int = 0  # for policies that break ties at random
+
+
+@dataclass(frozen=True)
+class Bind:
+    workload: str
+    placements: tuple[PodPlacement, ...]
+    reason: str  # e.g. "within deserved quota of vision" / "borrowing idle GPUs (over quota)"
+    over_quota: bool = False
+
+
+@dataclass(frozen=True)
+class Evict:
+    workload: str
+    cause: str  # "reclaim" | "priority" | "consolidation"
+    reason: str  # human: "preempted: reclaimed by queue nlp (below its deserved 4 GPUs)"
+    by: str | None = None  # the workload this makes room for
+
+
+@dataclass
+class CycleResult:
+    binds: list[Bind] = field(default_factory=list)
+    evictions: list[Evict] = field(default_factory=list)
+    pending: dict[str, str] = field(default_factory=dict)  # workload id -> why it waits
+    positions: dict[str, int] = field(default_factory=dict)  # workload id -> 1-based place in its queue
+    fair_share: dict[str, dict[str, float]] = field(default_factory=dict)  # queue -> resource -> amount
+    allocated: dict[str, dict[str, float]] = field(default_factory=dict)  # queue -> resource -> amount
+    actions_ms: dict[str, float] = field(default_factory=dict)  # filled by adapters that time actions
