@@ -1,0 +1,1 @@
+"""gpupool: a fair-share GPU pool for JupyterHub."""

@@ -1,0 +1,144 @@
+"""Fair share: how much of each resource every queue should have right now.
+
+Per resource, top-down through the queue tree (docs/scheduling.md has worked examples):
+
+1. The amount to divide at the root level is the cluster's capacity; at any other level it is the
+   parent's fair share.
+2. Each child first gets ``min(deserved, demand)`` (capped by its limit). If those guarantees add
+   up to more than the amount (an over-committed level), the amount is split in proportion to them.
+3. The rest is water-filled among the children that still have unmet demand, in proportion to
+   ``over_quota_weight``, each capped by its demand and its limit; children with a higher queue
+   ``priority`` are served first, and only what they cannot use goes to the next priority.
+4. A department's demand is the sum of its children's demand.
+
+Pure and deterministic: plain floats, no I/O.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from .model import RESOURCES, QueueSpec
+
+EPS = 1e-9
+
+
+def _waterfill(amount: float, caps: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+    """Split ``amount`` in proportion to ``weights``, each name capped by ``caps``; leftover from
+    capped names flows to the others. Names with weight 0 get nothing."""
+    give = {n: 0.0 for n in caps}
+    active = [n for n in caps if caps[n] > EPS and weights.get(n, 0) > 0]
+    while amount > EPS and active:
+        total_w = sum(weights[n] for n in active)
+        capped = []
+        for n in active:
+            share = amount * weights[n] / total_w
+            room = caps[n] - give[n]
+            if share >= room - EPS:
+                capped.append(n)
+        if not capped:
+            for n in active:
+                give[n] += amount * weights[n] / total_w
+            amount = 0.0
+            break
+        for n in capped:
+            room = caps[n] - give[n]
+            give[n] += room
+            amount -= room
+        active = [n for n in active if n not in capped]
+    return give
+
+
+def divide(amount: float, children: list[QueueSpec], demand: Mapping[str, float], resource: str) -> dict[str, float]:
+    """One level of the division: returns each child's fair share of ``amount``."""
+    cap = {}
+    for q in children:
+        c = demand.get(q.name, 0.0)
+        if resource in q.limit:
+            c = min(c, q.limit[resource])
+        cap[q.name] = max(0.0, c)
+    guaranteed = {q.name: min(q.deserved.get(resource, 0.0), cap[q.name]) for q in children}
+    total_g = sum(guaranteed.values())
+    if total_g > amount + EPS:  # over-committed: split the amount in proportion to the guarantees
+        return {n: amount * g / total_g if total_g > 0 else 0.0 for n, g in guaranteed.items()}
+    share = dict(guaranteed)
+    rest = amount - total_g
+    for prio in sorted({q.priority for q in children}, reverse=True):
+        if rest <= EPS:
+            break
+        group = [q for q in children if q.priority == prio]
+        room = {q.name: cap[q.name] - share[q.name] for q in group}
+        extra = _waterfill(rest, room, {q.name: q.over_quota_weight for q in group})
+        for n, v in extra.items():
+            share[n] += v
+            rest -= v
+    return share
+
+
+class QueueTree:
+    """The queue tree with fast parent/children/ancestry lookups."""
+
+    def __init__(self, queues: Iterable[QueueSpec]):
+        self.queues: dict[str, QueueSpec] = {q.name: q for q in queues}
+        self.children: dict[str | None, list[QueueSpec]] = {}
+        for q in self.queues.values():
+            parent = q.parent if q.parent in self.queues else None
+            self.children.setdefault(parent, []).append(q)
+        for lst in self.children.values():
+            lst.sort(key=lambda q: q.name)
+        self._path: dict[str, tuple[str, ...]] = {}
+        for name in self.queues:
+            path, cur = [], name
+            while cur is not None:
+                path.append(cur)
+                p = self.queues[cur].parent
+                cur = p if p in self.queues else None
+            self._path[name] = tuple(reversed(path))
+
+    def is_leaf(self, name: str) -> bool:
+        return not self.children.get(name)
+
+    def path(self, name: str) -> tuple[str, ...]:
+        """Root-first ancestry, ending with ``name`` itself."""
+        return self._path[name]
+
+    def split(self, a: str, b: str) -> tuple[str, str]:
+        """The two queues where the ancestries of ``a`` and ``b`` part: the children of their
+        lowest common ancestor (or the roots) on each side."""
+        pa, pb = self._path[a], self._path[b]
+        i = 0
+        while i < len(pa) and i < len(pb) and pa[i] == pb[i]:
+            i += 1
+        return pa[min(i, len(pa) - 1)], pb[min(i, len(pb) - 1)]
+
+    def rollup(self, leaf_values: Mapping[str, float]) -> dict[str, float]:
+        """Sum leaf values up the tree: every queue gets its own plus its descendants'."""
+        out = {name: 0.0 for name in self.queues}
+        for leaf, v in leaf_values.items():
+            if leaf in self._path:
+                for q in self._path[leaf]:
+                    out[q] += v
+        return out
+
+
+def fair_shares(tree: QueueTree, demand: Mapping[str, Mapping[str, float]],
+                capacity: Mapping[str, float], resources: Iterable[str] = RESOURCES) -> dict[str, dict[str, float]]:
+    """Fair share of every queue (departments included) for each resource.
+
+    ``demand[leaf][resource]`` is what the leaf's workloads ask for (running + pending);
+    ``capacity[resource]`` is the cluster's total.
+    """
+    out: dict[str, dict[str, float]] = {name: {} for name in tree.queues}
+    for res in resources:
+        leaf_demand = {q: d.get(res, 0.0) for q, d in demand.items()}
+        rolled = tree.rollup(leaf_demand)
+        stack: list[tuple[str | None, float]] = [(None, float(capacity.get(res, 0.0)))]
+        while stack:
+            parent, amount = stack.pop()
+            kids = tree.children.get(parent, [])
+            if not kids:
+                continue
+            shares = divide(amount, kids, rolled, res)
+            for q in kids:
+                out[q.name][res] = shares[q.name]
+                stack.append((q.name, shares[q.name]))
+    return out

@@ -1,0 +1,24 @@
+"""Victim order: among workloads that may be preempted, who goes first.
+
+Checkpoint-aware: the workload that loses the least GPU-work goes first. Lost work is the run
+time since its last checkpoint (zero when it saves on signal within the grace period), weighted by
+the GPUs it holds. Ties: lower priority first, then the most recently started (it has the least
+invested), then by id for determinism.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from .model import Workload
+
+
+def lost_gpu_seconds(w: Workload, now: float, gpus: float) -> float:
+    return w.lost_work(now) * max(gpus, 1e-3)
+
+
+def victim_order(workloads: Iterable[Workload], now: float,
+                 amount: Callable[[Workload], tuple[float, float, float]]) -> list[Workload]:
+    def key(w: Workload) -> tuple:
+        started = w.started_at if w.started_at is not None else now
+        return (lost_gpu_seconds(w, now, amount(w)[0]), w.priority, -started, w.id)
+    return sorted(workloads, key=key)
