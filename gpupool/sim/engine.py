@@ -1,0 +1,471 @@
+"""Discrete-event replay of a scenario through the real scheduler.
+
+Only the clock and the backend are simulated; every decision comes from
+``gpupool.scheduler.Scheduler.schedule(snapshot)``, driven through the same adapter contract the hub
+and the Kubernetes backend keep (see scheduler/model.py):
+
+* a cycle every ``config.cycle`` seconds on the simulated clock (cycle times are multiples of it);
+  when a cycle decided nothing (no bind, no eviction), nothing can change until the next event
+  (a submission, a finish, the end of a grace period, the end of a ``min_runtime`` protection),
+  so the replay jumps to the first cycle at or after that event. ``scheduling_cycles`` counts the
+  cycles actually run.
+* ``Bind``: the workload starts on exactly those placements (RUNNING, ``started_at`` = now).
+* ``Evict``: the workload is asked to checkpoint (RELEASING); it keeps its resources for
+  ``preemption_grace`` seconds and is then stopped, freed and requeued (PENDING, its original
+  submit time keeps its place in line). What it keeps is its progress at its latest checkpoint:
+
+  - ``checkpoint_on_signal: true``: it saves the moment it is asked and stops working, so it
+    loses nothing (if its remaining work fits in the grace period it simply finishes instead);
+  - otherwise it keeps running until it is stopped (it may finish, or pass a periodic checkpoint,
+    within the grace period); the work lost is the run time since its latest periodic checkpoint
+    (every ``checkpoint_every`` seconds of run time), or the whole run if it has none.
+
+* A workload that can never run (a pod larger than any matching node, a gang larger than the
+  matching cluster, a non-preemptible request above its queue's deserved quota, a request above
+  a queue's limit) is rejected at submission with the reason, and never shown to the scheduler.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, PodPlacement, SchedulerConfig, Snapshot, Workload
+
+from .scenario import Scenario, WorkloadEntry, fresh_workloads
+
+EPS = 1e-9
+
+
+class SimulationError(RuntimeError):
+    """The scheduler returned a decision that breaks the adapter contract (a core bug)."""
+
+
+@dataclass
+class SimWorkload:
+    entry: WorkloadEntry
+    index: int
+    w: Workload = field(init=False)
+    state: str = "future"  # future | pending | running | releasing | finished | rejected
+    progress_base: float = 0.0  # work saved when the current run started (seconds)
+    run_start: float | None = None
+    frozen_progress: float | None = None  # set when it saved on signal and stopped working
+    signalled_at: float | None = None
+    evict: Evict | None = None
+    version: int = 0  # invalidates stale finish/release events
+    gpu_share: float = 0.0  # GPUs held now (sum over pods of GPUs x fraction)
+    first_start: float | None = None
+    finished_at: float | None = None
+    rejected: str | None = None
+    preemptions: int = 0
+    lost_seconds: float = 0.0
+    placements_log: list[dict] = field(default_factory=list)
+    pending_reason: str | None = None
+    position: int | None = None
+
+    def __post_init__(self) -> None:
+        self.w = self.entry.workload
+
+    @property
+    def name(self) -> str:
+        return self.w.id
+
+    @property
+    def duration(self) -> float:
+        return self.entry.duration
+
+    def progress(self, t: float) -> float:
+        if self.frozen_progress is not None:
+            return self.frozen_progress
+        if self.run_start is None:
+            return self.progress_base
+        return self.progress_base + (t - self.run_start)
+
+    def last_checkpoint(self, t: float) -> tuple[float | None, float]:
+        """(time, progress) of the latest periodic checkpoint of the current run at ``t``."""
+        ce = self.entry.checkpoint_every
+        if self.run_start is None or not ce:
+            return None, self.progress_base
+        k = math.floor((t - self.run_start) / ce + EPS)
+        if k <= 0:
+            return None, self.progress_base
+        return self.run_start + k * ce, self.progress_base + k * ce
+
+
+@dataclass
+class CycleRecord:
+    t: float
+    result: CycleResult
+    ms: float
+
+
+def _matches(node, selector: dict[str, str]) -> bool:
+    for key, want in selector.items():
+        have = node.gpu_model if key == "gpu_model" else node.name if key == "name" else node.labels.get(key)
+        if have != want:
+            return False
+    return True
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def never_runs(w: Workload, scenario: Scenario) -> str | None:
+    """Why ``w`` can never run in this cluster and queue tree, or None. Decided from the specs
+    alone (capacity of matching nodes, quotas and limits), never from the current load."""
+    nodes = [n for n in scenario.nodes if n.schedulable and _matches(n, w.node_selector)]
+    if not nodes:
+        sel = ", ".join(f"{k}={v}" for k, v in w.node_selector.items())
+        return f"node_selector {sel} matches no node"
+
+    def pods_fit(n) -> tuple[int, float]:
+        """How many of w's pods node n could hold when empty, and the GPU share one pod takes."""
+        limit = 10**9
+        if w.cpu > 0:
+            limit = min(limit, int((n.cpu if n.cpu is not None else 1e18) // w.cpu))
+        if w.memory > 0:
+            limit = min(limit, int((n.memory if n.memory is not None else 10**30) // w.memory))
+        if w.gpu_memory > 0:
+            if n.gpus < 1 or n.gpu_memory <= 0 or n.gpu_memory < w.gpu_memory:
+                return 0, 0.0
+            milli = -(-w.gpu_memory * MILLI // n.gpu_memory)
+            return min(limit, n.gpus * (MILLI // milli)), milli / MILLI
+        if w.gpus <= 0:
+            return limit, 0.0
+        if w.gpus < 1:
+            milli = int(round(w.gpus * MILLI))
+            return min(limit, n.gpus * (MILLI // milli)), milli / MILLI
+        return min(limit, n.gpus // int(w.gpus)), float(w.gpus)
+
+    fits = [(n, *pods_fit(n)) for n in nodes]
+    usable = [(n, k, share) for n, k, share in fits if k > 0]
+    if not usable:
+        if w.gpu_memory > 0:
+            biggest = max(n.gpu_memory for n in nodes)
+            return (f"needs a GPU with {w.gpu_memory / 2**30:g}Gi of memory per pod; the largest matching "
+                    f"GPU has {biggest / 2**30:g}Gi" if biggest else "needs GPU memory but no matching node declares gpu_memory")
+        if w.gpus >= 1 and max(n.gpus for n in nodes) < w.gpus:
+            return (f"needs {_fmt(w.gpus)} GPUs per pod; the largest matching node has "
+                    f"{max(n.gpus for n in nodes)}")
+        if 0 < w.gpus < 1 and max(n.gpus for n in nodes) < 1:
+            return "needs a GPU but no matching node has one"
+        return "no matching node has enough CPU or memory for one pod"
+    if sum(k for _, k, _ in usable) < w.pods:
+        return (f"a gang of {w.pods} pods that must start together; the matching nodes can hold at most "
+                f"{sum(k for _, k, _ in usable)} of them")
+    share = min(s for _, _, s in usable)  # the least GPU share one pod can take
+    total = share * w.pods
+    queues = {q.name: q for q in scenario.queues}
+    q = queues[w.queue]
+    if not w.preemptible:
+        deserved = q.deserved.get("gpu", 0.0)
+        if total > deserved + EPS:
+            return (f"non-preemptible and asks {_fmt(total)} GPUs, more than queue {q.name}'s deserved "
+                    f"{_fmt(deserved)} (a non-preemptible workload never borrows)")
+    cur = q
+    while cur is not None:
+        lim = cur.limit.get("gpu")
+        if lim is not None and total > lim + EPS:
+            return f"asks {_fmt(total)} GPUs, more than queue {cur.name}'s limit of {_fmt(lim)}"
+        for res, amount in (("cpu", w.cpu * w.pods), ("memory", w.memory * w.pods)):
+            lim = cur.limit.get(res)
+            if lim is not None and amount > lim + EPS:
+                return f"asks more {res} than queue {cur.name}'s limit"
+        cur = queues.get(cur.parent) if cur.parent else None
+    return None
+
+
+class Engine:
+    """One replay. ``run()`` returns the raw state; :mod:`gpupool.sim.report` turns it into the
+    report. ``on_cycle(engine, record)`` is called after each cycle's decisions are applied (tests
+    use it to check invariants at every step)."""
+
+    def __init__(self, scenario: Scenario, seed: int = 0, *, scheduler=None,
+                 on_cycle: Callable[["Engine", CycleRecord], None] | None = None, keep_cycles: bool = False):
+        self.scenario = scenario
+        self.seed = seed
+        cfg = scenario.config
+        if scheduler is None:
+            from gpupool.scheduler import Scheduler  # the real core
+
+            scheduler = Scheduler(SchedulerConfig(min_runtime=cfg.min_runtime, preemption_grace=cfg.preemption_grace,
+                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed))
+        self.scheduler = scheduler
+        self.on_cycle = on_cycle
+        self.keep_cycles = keep_cycles
+        self.sims = [SimWorkload(e, i) for i, e in enumerate(fresh_workloads(scenario))]
+        self.by_name = {s.name: s for s in self.sims}
+        self.node_names = {n.name: n for n in scenario.nodes}
+        self.now = 0.0
+        self.events: list[dict] = []
+        self.cycles = 0
+        self.cycle_ms: list[float] = []
+        self.timeline: list[dict] = []
+        self.records: list[CycleRecord] = []
+        self.leaf_gpu_seconds = {q: 0.0 for q in scenario.leaves}
+        self.fair_integral = {q.name: 0.0 for q in scenario.queues}
+        self._fair_now = {q.name: 0.0 for q in scenario.queues}
+        self._fair_since = 0.0
+        self.lost_gpu_seconds = 0.0
+        self.end_time = 0.0
+        self.end_reason = ""
+        self.actions_ms: dict[str, list[float]] = {}
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._active: list[SimWorkload] = []  # submitted, not ended, in submit order
+
+    # -- event queue -----------------------------------------------------------------------------
+    def _push(self, t: float, kind: str, sw: SimWorkload | None) -> None:
+        # at equal times: releases and finishes before submissions, so freed capacity is visible
+        order = {"finish": 0, "release": 0, "submit": 1, "wake": 2}[kind]
+        self._seq += 1
+        heapq.heappush(self._heap, (t, order, self._seq, kind, sw.index if sw else -1, sw.version if sw else 0))
+
+    def _valid(self, item) -> bool:
+        _, _, _, kind, idx, version = item
+        if kind == "submit":
+            return True
+        sw = self.sims[idx]
+        if kind == "finish":
+            return sw.version == version and sw.state in ("running", "releasing")
+        if kind == "release":
+            return sw.version == version and sw.state == "releasing"
+        return sw.version == version and sw.state == "running"  # wake (min_runtime expiry)
+
+    def _next_event_time(self) -> float | None:
+        while self._heap and not self._valid(self._heap[0]):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def _event(self, t: float, etype: str, sw: SimWorkload, reason: str, **extra) -> None:
+        ev = {"t": t, "type": etype, "workload": sw.name, "reason": reason}
+        ev.update(extra)
+        self.events.append(ev)
+
+    # -- state changes ---------------------------------------------------------------------------
+    def _free(self, sw: SimWorkload, t: float) -> None:
+        if sw.run_start is not None:
+            self.leaf_gpu_seconds[sw.w.queue] += (t - sw.run_start) * sw.gpu_share
+        sw.w.placements = ()
+        sw.gpu_share = 0.0
+
+    def _process(self, item) -> None:
+        t, _, _, kind, idx, _ = item
+        sw = self.sims[idx]
+        if kind == "submit":
+            why = never_runs(sw.w, self.scenario)
+            if why:
+                sw.state, sw.rejected = "rejected", why
+                sw.finished_at = None
+                self._event(t, "reject", sw, why)
+                return
+            sw.state = "pending"
+            self._active.append(sw)
+        elif kind == "finish":
+            self._free(sw, t)
+            sw.state, sw.finished_at = "finished", t
+            sw.w.phase = Phase.PENDING
+            sw.run_start = None
+            sw.version += 1
+            self._active.remove(sw)
+            self._event(t, "finish", sw, "completed")
+        elif kind == "release":
+            if sw.frozen_progress is not None:
+                kept = sw.frozen_progress
+                lost = 0.0
+            else:
+                done = sw.progress(t)
+                _, kept = sw.last_checkpoint(t)
+                lost = max(0.0, done - kept)
+            sw.lost_seconds += lost
+            self.lost_gpu_seconds += lost * sw.gpu_share
+            self._free(sw, t)
+            ev = sw.evict
+            sw.state = "pending"
+            sw.w.phase = Phase.PENDING
+            sw.w.started_at = None
+            sw.w.last_checkpoint_at = None
+            sw.progress_base, sw.run_start, sw.frozen_progress = kept, None, None
+            sw.preemptions += 1
+            sw.version += 1
+            self._event(t, "preempt", sw, ev.cause if ev else "preempted", detail=ev.reason if ev else "",
+                        by=ev.by if ev else None, signalled_at=sw.signalled_at, lost_seconds=lost)
+            sw.evict = sw.signalled_at = None
+        # "wake" only ends a min_runtime protection: nothing to change, the cycle will see it
+
+    def _apply_bind(self, b: Bind, t: float) -> None:
+        sw = self.by_name.get(b.workload)
+        if sw is None or sw.state != "pending":
+            raise SimulationError(f"scheduler bound {b.workload!r}, which is "
+                                  f"{'unknown' if sw is None else sw.state}, not pending")
+        if len(b.placements) != sw.w.pods:
+            raise SimulationError(f"scheduler bound {sw.name!r} with {len(b.placements)} placements for "
+                                  f"{sw.w.pods} pods (a gang starts whole or not at all)")
+        share = 0.0
+        for p in b.placements:
+            node = self.node_names.get(p.node)
+            if node is None:
+                raise SimulationError(f"scheduler bound {sw.name!r} to unknown node {p.node!r}")
+            if any(g < 0 or g >= node.gpus for g in p.gpus) or len(set(p.gpus)) != len(p.gpus):
+                raise SimulationError(f"scheduler bound {sw.name!r} to GPUs {list(p.gpus)} of {p.node} "
+                                      f"(it has {node.gpus})")
+            share += len(p.gpus) * p.fraction
+        resumed = sw.first_start is not None
+        sw.state = "running"
+        sw.w.phase = Phase.RUNNING
+        sw.w.placements = tuple(b.placements)
+        sw.w.started_at = t
+        sw.w.last_checkpoint_at = None
+        sw.run_start = t
+        sw.gpu_share = share
+        sw.version += 1
+        sw.pending_reason = None
+        if not resumed:
+            sw.first_start = t
+        for p in b.placements:
+            sw.placements_log.append({"t": t, "pod": p.pod, "node": p.node, "gpus": list(p.gpus),
+                                      "fraction": p.fraction})
+        self._event(t, "resume" if resumed else "start", sw, b.reason, over_quota=b.over_quota)
+        self._push(t + max(0.0, sw.duration - sw.progress_base), "finish", sw)
+        cfg = self.scenario.config
+        if sw.w.preemptible and cfg.min_runtime > 0:
+            self._push(t + cfg.min_runtime, "wake", sw)
+
+    def _apply_evict(self, e: Evict, t: float) -> None:
+        sw = self.by_name.get(e.workload)
+        if sw is None or sw.state not in ("running", "releasing"):
+            raise SimulationError(f"scheduler evicted {e.workload!r}, which is "
+                                  f"{'unknown' if sw is None else sw.state}, not running")
+        if sw.state == "releasing":
+            return  # already leaving; a repeated ask changes nothing
+        sw.state = "releasing"
+        sw.w.phase = Phase.RELEASING
+        sw.evict = e
+        sw.signalled_at = t
+        grace = self.scenario.config.preemption_grace
+        sw.version += 1  # re-stamp its events below
+        if sw.w.checkpoint_on_signal and sw.duration - sw.progress(t) > grace + EPS:
+            # saves now and stops working: it loses nothing, and cannot finish before it is stopped
+            sw.frozen_progress = sw.progress(t)
+        else:
+            # keeps running through the grace period: it finishes if its work ends before then
+            self._push(sw.run_start + (sw.duration - sw.progress_base), "finish", sw)
+        self._push(t + grace, "release", sw)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _snapshot(self, t: float) -> Snapshot:
+        for sw in self._active:
+            if sw.state in ("running", "releasing"):
+                ct, _ = sw.last_checkpoint(t)
+                sw.w.last_checkpoint_at = ct
+        return Snapshot(now=t, nodes=self.scenario.nodes, queues=self.scenario.queues,
+                        workloads=[sw.w for sw in self._active])
+
+    def _accumulate_fair(self, t: float) -> None:
+        dt = t - self._fair_since
+        if dt > 0:
+            for q, v in self._fair_now.items():
+                self.fair_integral[q] += v * dt
+        self._fair_since = t
+
+    def _cycle(self, t: float) -> bool:
+        snap = self._snapshot(t)
+        t0 = time.perf_counter()
+        result = self.scheduler.schedule(snap)
+        ms = (time.perf_counter() - t0) * 1000.0
+        self.cycles += 1
+        self.cycle_ms.append(ms)
+        for action, v in (result.actions_ms or {}).items():
+            self.actions_ms.setdefault(action, []).append(v)
+        for e in result.evictions:
+            self._apply_evict(e, t)
+        for b in result.binds:
+            self._apply_bind(b, t)
+        for sw in self._active:
+            if sw.state == "pending":
+                sw.pending_reason = result.pending.get(sw.name, sw.pending_reason)
+                sw.position = result.positions.get(sw.name, sw.position)
+        self._accumulate_fair(t)
+        self._fair_now = {q: float(result.fair_share.get(q, {}).get("gpu", 0.0)) for q in self._fair_now}
+        record = CycleRecord(t, result, ms)
+        if self.keep_cycles:
+            self.records.append(record)
+        self.timeline.append({"t": t, "queues": self._queue_state()})
+        if self.on_cycle is not None:
+            self.on_cycle(self, record)
+        return bool(result.binds or result.evictions)
+
+    def allocated_by_queue(self) -> dict[str, float]:
+        """GPUs held right now per queue, departments summing their children."""
+        leaf = {q: 0.0 for q in self.scenario.leaves}
+        for sw in self._active:
+            if sw.state in ("running", "releasing"):
+                leaf[sw.w.queue] += sw.gpu_share
+        return self._roll_up(leaf)
+
+    def _roll_up(self, leaf: dict[str, float]) -> dict[str, float]:
+        out = {q.name: 0.0 for q in self.scenario.queues}
+        parent = {q.name: q.parent for q in self.scenario.queues}
+        for q, v in leaf.items():
+            cur: str | None = q
+            while cur is not None:
+                out[cur] += v
+                cur = parent[cur]
+        return out
+
+    def _queue_state(self) -> dict[str, dict[str, float]]:
+        alloc = self.allocated_by_queue()
+        return {q.name: {"allocated_gpu": round(alloc[q.name], 6), "fair_share_gpu": round(self._fair_now[q.name], 6)}
+                for q in self.scenario.queues}
+
+    def run(self) -> "Engine":
+        cfg = self.scenario.config
+        until = cfg.until
+        for sw in self.sims:
+            self._push(sw.w.submit_time, "submit", sw)
+        k = 0  # cycle index: cycle k runs at k * cfg.cycle
+        last_end = 0.0
+        while True:
+            t = k * cfg.cycle
+            if until is not None and t > until + EPS:
+                self._drain(until)
+                self.end_time, self.end_reason = until, "until"
+                break
+            last_end = max(last_end, self._drain(t))
+            if all(sw.state in ("finished", "rejected") for sw in self.sims):
+                self.end_time, self.end_reason = last_end, "all workloads ended"
+                break
+            self.now = t
+            decided = self._cycle(t)
+            if decided:
+                k += 1
+                continue
+            nxt = self._next_event_time()
+            if nxt is None:
+                self.end_time, self.end_reason = t, "stalled"
+                break
+            k = max(k + 1, math.ceil(nxt / cfg.cycle - EPS))
+        self._finish_accounting()
+        return self
+
+    def _drain(self, t: float) -> float:
+        """Process every event at or before ``t``; return the time of the last end (finish/reject)."""
+        last = 0.0
+        while True:
+            nxt = self._next_event_time()
+            if nxt is None or nxt > t + EPS:
+                return last
+            item = heapq.heappop(self._heap)
+            self._process(item)
+            if item[3] in ("finish", "submit"):
+                last = max(last, item[0])
+
+    def _finish_accounting(self) -> None:
+        end = self.end_time
+        for sw in self._active:
+            if sw.state in ("running", "releasing") and sw.run_start is not None:
+                self.leaf_gpu_seconds[sw.w.queue] += (end - sw.run_start) * sw.gpu_share
+        self._accumulate_fair(end)
