@@ -9,43 +9,391 @@ API (stable; the live scheduler and the trace-fill benchmark both call it):
 ``milli`` is the per-GPU share actually taken on the chosen node (memory-sized requests convert
 per node). ``choose`` never mutates ``state``; the caller applies the choice with
 ``state.take(node, gpus, milli, req.cpu_milli, req.memory)``.
+
+``shapes`` describes the workload's typical pods: ``(PodRequest, weight)`` or
+``(PodRequest, weight, models)`` where ``models`` lists the GPU models the shape may use (None =
+any); weights are relative arrival frequencies. ``typical_shapes()`` derives them from a list of
+requests the way the FGD paper does. Policies:
+
+* ``default``: what the live scheduler uses. Fragmentation gradient descent on exact (not
+  bucketed) scores with CPU- and memory-aware fragmentation, ties broken towards the node and GPU
+  that leave the least free capacity behind (packing); without shapes, a normalised best fit.
+* ``fgd``: Fragmentation Gradient Descent as the paper's simulator scores it (integer scores
+  ``int(100*sigmoid(delta/1000))``, random tie-breaks), the reference to beat.
+* ``bestfit``: the paper's BestFit baseline: ``1 - 0.5*cpu_free_after/128 cores
+  - 0.5*gpu_free_after/8 GPUs`` truncated to an integer 0..100, random tie-breaks, tightest GPU.
+* ``random``: the paper's Random-fit baseline: a uniformly random feasible node (and GPU).
+* ``firstfit``: the first feasible node in order (simple, deterministic).
+
+All policies are pure (numpy only) and deterministic for a given seed and call sequence.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections import Counter
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from .cluster import ClusterState, PodRequest
+from .fragmentation import FragModel, normalise_shapes, per_gpu_milli
 from .model import MILLI
 
 Choice = tuple[int, tuple[int, ...], int]
 
+# The paper's normalisers for BestFit (its simulator's MaxSpecCpu / MaxSpecGpu).
+MAX_SPEC_CPU = 128000.0
+MAX_SPEC_GPU = 8000.0
 
+
+# -- shared helpers ------------------------------------------------------------------------------
+def feasible(state: ClusterState, req: PodRequest, mask: np.ndarray | None = None):
+    """(ok, milli): nodes where ``req`` fits now, and the per-GPU milli it needs on each node."""
+    ok = state.schedulable & (state.cpu_free >= req.cpu_milli) & (state.mem_free >= req.memory)
+    if mask is not None:
+        ok &= np.asarray(mask, dtype=bool)
+    milli = per_gpu_milli(state, req)
+    if req.num_gpus > 0:
+        ok &= milli <= MILLI
+        ok &= (state.gpu_free >= milli[:, None]).sum(axis=1) >= req.num_gpus
+    return ok, milli
+
+
+def _whole_gpus(free_row: np.ndarray, k: int) -> tuple[int, ...]:
+    """The first k fully free GPUs of a node (the paper's AllocateExclusiveGpuId)."""
+    return tuple(int(g) for g in np.flatnonzero(free_row >= MILLI)[:k])
+
+
+def _tightest_gpus(free_row: np.ndarray, milli: int, k: int) -> tuple[int, ...]:
+    """k GPUs with the least free milli that still fits (lowest index first on ties)."""
+    fit = np.flatnonzero(free_row >= milli)
+    order = fit[np.argsort(free_row[fit], kind="stable")]
+    return tuple(sorted(int(g) for g in order[:k]))
+
+
+def _gpus_for(state: ClusterState, n: int, req: PodRequest, milli: int) -> tuple[int, ...]:
+    if req.num_gpus <= 0:
+        return ()
+    row = state.gpu_free[n]
+    if milli >= MILLI:
+        return _whole_gpus(row, req.num_gpus)
+    return _tightest_gpus(row, milli, req.num_gpus)
+
+
+def typical_shapes(requests: Iterable, threshold: float = 0.95) -> list[tuple[PodRequest, float, tuple[str, ...] | None]]:
+    """The workload's typical pod shapes as the FGD paper derives them (its simulator's
+    GetTypicalPods with popularity threshold 95%, step 1, CPU-only pods included): count pods per
+    (CPU, GPUs, milli per GPU, allowed models), most frequent first, keep shapes until they cover
+    ``threshold`` of all pods, weights renormalised to 1. ``requests`` yields ``PodRequest`` or
+    ``(PodRequest, models)``; a shape's memory is the median of its pods' memory."""
+    counts: Counter = Counter()
+    mems: dict = {}
+    for item in requests:
+        req, models = (item if isinstance(item, tuple) else (item, None))
+        models = tuple(sorted(models)) if models else None
+        key = (req.cpu_milli, req.milli if req.num_gpus else 0, req.num_gpus, req.gpu_memory, models or ())
+        counts[key] += 1
+        mems.setdefault(key, []).append(req.memory)
+    total = sum(counts.values())
+    if not total:
+        return []
+    # most frequent first; equal counts: larger resource first (the paper's reverse sort order)
+    order = sorted(counts, key=lambda k: (counts[k], k[0], k[1], k[2], k[3], "|".join(k[4])), reverse=True)
+    chosen, cum = [], 0
+    for key in order:
+        if cum >= threshold * total:
+            break
+        chosen.append(key)
+        cum += counts[key]
+    out = []
+    for key in chosen:
+        cpu, milli, ngpu, gmem, models = key
+        mem = int(np.median(mems[key]))
+        out.append((PodRequest(ngpu, milli, gmem, cpu, mem), counts[key] / cum, models or None))
+    return out
+
+
+# -- simple policies -------------------------------------------------------------------------------
 class FirstFit:
+    """The first feasible node in index order; tightest GPU for a share."""
+
     name = "firstfit"
 
+    def __init__(self, shapes=(), seed: int = 0):
+        pass
+
     def choose(self, state: ClusterState, req: PodRequest, mask: np.ndarray | None = None) -> Choice | None:
-        for n in range(len(state.nodes)):
-            if not state.schedulable[n] or (mask is not None and not mask[n]):
-                continue
-            if state.cpu_free[n] < req.cpu_milli or state.mem_free[n] < req.memory:
-                continue
-            if req.num_gpus == 0:
-                return n, (), 0
-            milli = state.milli_on(n, req)
-            if milli > MILLI:
-                continue
-            ok = [g for g in range(int(state.num_gpus[n])) if state.gpu_free[n, g] >= milli]
-            if len(ok) >= req.num_gpus:
-                return n, tuple(ok[: req.num_gpus]), milli
-        return None
+        ok, milli = feasible(state, req, mask)
+        idx = np.flatnonzero(ok)
+        if not idx.size:
+            return None
+        n = int(idx[0])
+        return n, _gpus_for(state, n, req, int(milli[n])), int(milli[n]) if req.num_gpus else 0
 
 
-POLICIES = ("default", "firstfit")
+class RandomFit:
+    """The paper's Random-fit: a uniformly random feasible node; for a share a uniformly random
+    GPU with room; whole GPUs: the first fully free ones."""
+
+    name = "random"
+
+    def __init__(self, shapes=(), seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, state, req, mask=None):
+        ok, milli = feasible(state, req, mask)
+        idx = np.flatnonzero(ok)
+        if not idx.size:
+            return None
+        n = int(idx[self.rng.integers(idx.size)]) if idx.size > 1 else int(idx[0])
+        if req.num_gpus <= 0:
+            return n, (), 0
+        m = int(milli[n])
+        if req.num_gpus == 1 and m < MILLI:
+            fit = np.flatnonzero(state.gpu_free[n] >= m)
+            return n, (int(fit[self.rng.integers(fit.size)]) if fit.size > 1 else int(fit[0]),), m
+        return n, _gpus_for(state, n, req, m), m
 
 
-def make_policy(name: str = "default", shapes: Sequence[tuple[PodRequest, float]] = (), seed: int = 0):
+class _TieOrder:
+    """A random but fixed priority per node, drawn once per seed: the paper's simulator prefixes
+    node names with a random permutation and its scheduler breaks equal scores towards the
+    smallest name. (A fixed order packs ties onto the same nodes; a fresh coin per pod spreads
+    them and loses several points of allocation.)"""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self._names = None
+        self.rank = None
+
+    def get(self, state: ClusterState) -> np.ndarray:
+        if self._names is not state.nodes:
+            names = [nd.name for nd in state.nodes]
+            if self.rank is None or len(self.rank) != len(names) or self._key != names:
+                order = sorted(range(len(names)), key=names.__getitem__)
+                perm = self.rng.permutation(len(names))
+                self.rank = np.empty(len(names), dtype=np.int64)
+                self.rank[order] = perm
+                self._key = names
+            self._names = state.nodes
+        return self.rank
+
+
+def _pick_max(values: np.ndarray, idx: np.ndarray, rank: np.ndarray) -> int:
+    """The node (from ``idx``) with the maximum value; equal maxima go to the lowest rank."""
+    if idx.size == 1:  # Kubernetes skips scoring when only one node is feasible
+        return int(idx[0])
+    best = idx[values == values.max()]
+    return int(best[np.argmin(rank[best])]) if best.size > 1 else int(best[0])
+
+
+class BestFit:
+    """The paper's BestFit: score = int(100 * (1 - 0.5*cpu_after/128000 - 0.5*gpu_after/8000)),
+    highest wins, equal scores to the node of lowest random rank (see _TieOrder); a share goes to
+    the tightest GPU. Free CPU above 128 cores (or untracked) counts as 128 cores, free GPU above
+    8 GPUs as 8."""
+
+    name = "bestfit"
+
+    def __init__(self, shapes=(), seed: int = 0):
+        self.ties = _TieOrder(np.random.default_rng(seed))
+
+    def choose(self, state, req, mask=None):
+        ok, milli = feasible(state, req, mask)
+        idx = np.flatnonzero(ok)
+        if not idx.size:
+            return None
+        cpu_after = np.minimum(state.cpu_free[idx] - req.cpu_milli, MAX_SPEC_CPU).astype(np.float64)
+        gpu_after = np.minimum(state.gpu_free[idx].sum(axis=1) - req.num_gpus * milli[idx], MAX_SPEC_GPU)
+        score = cpu_after / MAX_SPEC_CPU * 0.5
+        score = score + gpu_after.astype(np.float64) / MAX_SPEC_GPU * 0.5
+        iscore = np.trunc((1.0 - score) * 100.0)
+        n = _pick_max(iscore, idx, self.ties.get(state))
+        m = int(milli[n]) if req.num_gpus else 0
+        return n, _gpus_for(state, n, req, m), m
+
+
+# -- fragmentation-gradient policies -----------------------------------------------------------------
+class _FragPolicy:
+    """Shared machinery: per request shape, cache each node's best placement value and GPU, and
+    recompute only nodes whose capacity changed since (``FragModel.version``)."""
+
+    use_memory = False
+
+    def __init__(self, shapes=(), seed: int = 0):
+        self.ties = _TieOrder(np.random.default_rng(seed))
+        self.model = FragModel(shapes, use_memory=self.use_memory) if normalise_shapes(shapes) else None
+        self.fallback = None if self.model is not None else self._fallback(seed)
+        self._cache: dict = {}
+        self._model_id = None
+
+    def _fallback(self, seed):
+        return BestFit(seed=seed)
+
+    # subclass hooks ------------------------------------------------------------------------------
+    def share_value(self, delta: np.ndarray, free: np.ndarray, milli: np.ndarray) -> np.ndarray:
+        """Value of a GPU choice within a node (higher is better) from the fragmentation decrease
+        ``delta``, the GPU's free milli and the request's milli."""
+        raise NotImplementedError
+
+    def node_value(self, delta: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------------
+    def _entry(self, req: PodRequest):
+        key = req.shape
+        e = self._cache.get(key)
+        N = len(self.model.version)
+        if e is None or e[0] is not self.model.version or len(e[1]) != N:
+            e = [self.model.version, np.full(N, -1, np.int64), np.zeros(N), np.zeros(N, np.int64), np.zeros(N)]
+            self._cache[key] = e
+        return e
+
+    def _compute(self, rows, req, milli, e) -> None:
+        """Fill entry e (snap, value, gpu, delta) for ``rows`` where the request fits."""
+        fm = self.model
+        if req.num_gpus == 1:  # one GPU (share or whole): evaluate each GPU with room
+            free = fm.gpu[rows]
+            mr = milli[rows]
+            fits = free >= mr[:, None]
+            # identical free values on one node score identically: evaluate the first of each
+            G = free.shape[1]
+            dup = ((free[:, :, None] == free[:, None, :]) & np.tri(G, G, -1, dtype=bool)[None]).any(axis=2)
+            ri, gi = np.nonzero(fits & ~dup)
+            cand_rows = rows[ri]
+            after = fm.after_share(cand_rows, gi, mr[ri], req.cpu_milli, req.memory)
+            delta = fm.F[cand_rows] - after
+            val = np.full(free.shape, -np.inf)
+            val[ri, gi] = self.share_value(delta, free[ri, gi], mr[ri])
+            # copy values to duplicate GPUs is unnecessary: argmax picks the first occurrence
+            best = val.argmax(axis=1)
+            dmat = np.full(free.shape, -np.inf)
+            dmat[ri, gi] = delta
+            e[3][rows] = best
+            e[4][rows] = dmat[np.arange(len(rows)), best]
+        elif req.num_gpus <= 0 or milli[rows[0]] >= MILLI:  # CPU only, or whole GPUs
+            k = max(req.num_gpus, 0)
+            after = fm.after_whole(rows, k, req.cpu_milli, req.memory)
+            e[4][rows] = fm.F[rows] - after
+            e[3][rows] = -1
+        else:  # several fractional GPUs (not produced by the scheduler today): tightest k GPUs
+            free = fm.gpu[rows].copy()
+            for i, n in enumerate(rows):
+                for g in _tightest_gpus(free[i], int(milli[n]), req.num_gpus):
+                    free[i, g] -= milli[n]
+            after = fm.after_rows(rows, free, req.cpu_milli, req.memory)
+            e[4][rows] = fm.F[rows] - after
+            e[3][rows] = -1
+        e[2][rows] = self.node_value(e[4][rows])
+        e[1][rows] = fm.version[rows]
+
+    def choose(self, state, req, mask=None):
+        if self.model is None:
+            return self.fallback.choose(state, req, mask)
+        ok, milli = feasible(state, req, mask)
+        idx = np.flatnonzero(ok)
+        if not idx.size:
+            return None
+        fm = self.model
+        fm.sync(state)
+        e = self._entry(req)
+        stale = idx[e[1][idx] != fm.version[idx]]
+        if stale.size:
+            self._compute(stale, req, milli, e)
+        n = self._select(state, req, idx, milli, e)
+        m = int(milli[n]) if req.num_gpus else 0
+        if req.num_gpus == 1:
+            return n, (int(e[3][n]),), m
+        return n, _gpus_for(state, n, req, m), m
+
+    def _select(self, state, req, idx, milli, e) -> int:
+        raise NotImplementedError
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class FGD(_FragPolicy):
+    """Fragmentation Gradient Descent as the paper's simulator scores it: for every node (and, for
+    a share, every GPU with room) ``int(100 * sigmoid((frag_before - frag_after) / 1000))``; the
+    GPU is the first one with the best score, the node the best score, ties to the lowest random
+    rank (see _TieOrder)."""
+
+    name = "fgd"
+
+    def share_value(self, delta, free, milli):
+        return np.trunc(_sigmoid(delta / 1000.0) * 100.0)
+
+    def node_value(self, delta):
+        return np.trunc(_sigmoid(delta / 1000.0) * 100.0)
+
+    def _select(self, state, req, idx, milli, e):
+        return _pick_max(e[2][idx], idx, self.ties.get(state))
+
+
+class DefaultPlacement(_FragPolicy):
+    """The live scheduler's policy (see module doc and docs/placement.md)."""
+
+    name = "default"
+    use_memory = True
+    TOL = 1e-6
+
+    def _fallback(self, seed):
+        return NormalisedBestFit()
+
+    def share_value(self, delta, free, milli):
+        # exact fragmentation decrease; among equals the tightest GPU
+        return delta - 1e-9 * free
+
+    def node_value(self, delta):
+        return delta
+
+    def _select(self, state, req, idx, milli, e):
+        val = e[2][idx]
+        best = val >= val.max() - self.TOL * max(1.0, abs(val.max()))
+        cand = idx[best]
+        if cand.size == 1:
+            return int(cand[0])
+        return int(cand[np.argmax(_packing_score(state, req, cand, milli))])
+
+
+def _packing_score(state: ClusterState, req: PodRequest, cand: np.ndarray, milli: np.ndarray) -> np.ndarray:
+    """Higher = leaves less free capacity behind, relative to each node's own size (so untracked
+    or huge CPU/memory never dominates): GPU first, then CPU and memory."""
+    ncap = np.maximum(state.num_gpus[cand], 1) * MILLI
+    gpu_after = (state.gpu_free[cand].sum(axis=1) - req.num_gpus * milli[cand]) / ncap
+    cpu_t, mem_t = state.cpu_total[cand], state.mem_total[cand]
+    cpu_after = np.where(cpu_t < _UNTRACKED, (state.cpu_free[cand] - req.cpu_milli) / np.maximum(cpu_t, 1), 0.0)
+    mem_after = np.where(mem_t < _UNTRACKED, (state.mem_free[cand] - req.memory) / np.maximum(mem_t, 1), 0.0)
+    return -(gpu_after + 0.5 * cpu_after + 0.25 * mem_after)
+
+
+from .cluster import UNTRACKED as _UNTRACKED  # noqa: E402
+
+
+class NormalisedBestFit:
+    """Best fit without workload knowledge: the node (and GPU) left with the least free capacity,
+    each resource relative to that node's size; ties to the lowest index (deterministic)."""
+
+    name = "bestfit-normalised"
+
+    def choose(self, state, req, mask=None):
+        ok, milli = feasible(state, req, mask)
+        idx = np.flatnonzero(ok)
+        if not idx.size:
+            return None
+        n = int(idx[np.argmax(_packing_score(state, req, idx, milli))])
+        m = int(milli[n]) if req.num_gpus else 0
+        return n, _gpus_for(state, n, req, m), m
+
+
+POLICIES = ("default", "fgd", "bestfit", "random", "firstfit")
+
+_CLASSES = {"default": DefaultPlacement, "fgd": FGD, "bestfit": BestFit, "random": RandomFit,
+            "firstfit": FirstFit}
+
+
+def make_policy(name: str = "default", shapes: Sequence = (), seed: int = 0):
     if name not in POLICIES:
         raise ValueError(f"unknown placement policy {name!r} (choose from {', '.join(POLICIES)})")
-    return FirstFit()
+    return _CLASSES[name](shapes=shapes, seed=seed)
