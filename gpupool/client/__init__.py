@@ -1,1 +1,13 @@
+"""The gpupool client: submit notebook jobs, run sweeps, read queues and GPUs (docs/client.md)."""
+from .api import (BadRequest, Client, ConfigurationError, Conflict, ConnectionFailed, Forbidden, GPUPoolError,
+                  NotFound, QuotaError, ServiceError, Unauthorized, connect, get_client)
+from .jobs import Job, jobs, nodes, queues, submit
+from .metrics import log_metric
+from .sweep import BestTrial, Sweep, SweepError, TrialTable, choice, intuniform, loguniform, sweep, uniform
 
+__all__ = [
+    "BadRequest", "BestTrial", "Client", "ConfigurationError", "Conflict", "ConnectionFailed", "Forbidden",
+    "GPUPoolError", "Job", "NotFound", "QuotaError", "ServiceError", "Sweep", "SweepError", "TrialTable",
+    "Unauthorized", "choice", "connect", "get_client", "intuniform", "jobs", "log_metric", "loguniform", "nodes",
+    "queues", "submit", "sweep", "uniform",
+]

@@ -1,0 +1,295 @@
+"""Notebook jobs: ``gpupool.submit(...)`` and :class:`Job`."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from .api import Client, GPUPoolError, get_client
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+ACTIVE = ("queued", "starting", "running", "preempting")
+KINDS = ("train", "hpo-trial", "inference")
+
+# Fields that change while a job lives: reading them refreshes a stale, unfinished job.
+_LIVE_MAX_AGE = 2.0
+
+
+class Job:
+    """A notebook job in the pool.
+
+    ``Job("j-000042")`` attaches to an existing job. Attributes mirror the service's job object
+    (docs/api.md). ``status``, ``reason``, ``position``, ``allocation`` and ``metrics`` of an
+    unfinished job are refreshed from the service when older than two seconds; ``refresh()``
+    forces it.
+    """
+
+    def __init__(self, job: str | Mapping[str, Any], *, client: Client | None = None):
+        self._client = client
+        if isinstance(job, Mapping):
+            self._data = dict(job)
+            self._fetched = time.monotonic()
+        else:
+            self._data = {"id": str(job)}
+            self._fetched = 0.0
+            self.refresh()
+
+    # -- plumbing -----------------------------------------------------------------------------
+    @property
+    def client(self) -> Client:
+        return get_client(self._client)
+
+    def refresh(self) -> "Job":
+        """Fetch the job's current state from the service; returns the job."""
+        self._data = self.client.job(self.id)
+        self._fetched = time.monotonic()
+        return self
+
+    def _live(self, key: str, default=None):
+        if self._data.get("status") not in TERMINAL and time.monotonic() - self._fetched > _LIVE_MAX_AGE:
+            self.refresh()
+        return self._data.get(key, default)
+
+    @property
+    def data(self) -> dict:
+        """The raw job object as last fetched."""
+        return dict(self._data)
+
+    # -- attributes ---------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._data["id"]
+
+    def __getattr__(self, name: str):
+        # name, user, queue, kind, gpus, gpu_memory, priority, preemptible, notebook, parameters,
+        # sweep, submitted_at, started_at, finished_at, preemptions, restarts, exit_code, checkpoint
+        if name.startswith("_"):
+            raise AttributeError(name)
+        data = self.__dict__.get("_data") or {}
+        if name in data:
+            if name in ("finished_at", "exit_code", "started_at", "preemptions", "restarts", "checkpoint"):
+                return self._live(name)
+            return data[name]
+        raise AttributeError(f"Job has no attribute {name!r}")
+
+    @property
+    def status(self) -> str:
+        """queued, starting, running, preempting, succeeded, failed or cancelled."""
+        return self._live("status")
+
+    @property
+    def reason(self) -> str:
+        """Why the job is in its state, in words (why it waits, why it failed...)."""
+        return self._live("reason") or ""
+
+    @property
+    def position(self) -> int | None:
+        return self._live("position")
+
+    @property
+    def allocation(self) -> list:
+        return self._live("allocation") or []
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def metrics(self) -> dict[str, list[tuple[int, float]]]:
+        """Metrics the job logged with ``gpupool.log_metric``: name -> [(step, value), ...] by step."""
+        return metrics_of(self._live("metrics") or {})
+
+    # -- actions ------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None, progress: bool = True, poll: float = 1.0) -> "Job":
+        """Block until the job has finished (succeeded, failed or cancelled); returns the job.
+
+        With ``progress`` a tqdm bar (a widget in notebooks) shows the status and the reason.
+        Raises ``TimeoutError`` when ``timeout`` seconds pass first (the job keeps running).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = _progress_bar(self.id) if progress else None
+        delay = poll
+        try:
+            while True:
+                self.refresh()
+                status = self._data.get("status")
+                if bar is not None:
+                    bar.set_description_str(f"{self.id} {status}: {self._data.get('reason') or ''}"[:200])
+                    bar.update(0)
+                if status in TERMINAL:
+                    return self
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {self.id} is still {status} after {timeout:g}s: "
+                                       f"{self._data.get('reason') or ''}")
+                sleep = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+                time.sleep(sleep)
+                delay = min(delay * 1.25, 5.0)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def logs(self, offset: int = 0) -> str:
+        """Papermill's log of the job so far (from byte ``offset``)."""
+        return self.client.log(self.id, offset)[0]
+
+    def follow_logs(self, poll: float = 1.0) -> Iterator[str]:
+        """Yield new log text as it arrives until the job has finished."""
+        offset = 0
+        while True:
+            text, offset = self.client.log(self.id, offset)
+            if text:
+                yield text
+            if self.refresh().status in TERMINAL:
+                text, offset = self.client.log(self.id, offset)
+                if text:
+                    yield text
+                return
+            time.sleep(poll)
+
+    def cancel(self) -> "Job":
+        """Cancel the job (a running job is asked to stop with the grace period)."""
+        self._data = self.client.cancel(self.id)
+        self._fetched = time.monotonic()
+        return self
+
+    def output(self):
+        """The executed notebook as an ``nbformat.NotebookNode`` (NotFound until one exists)."""
+        import nbformat
+        return nbformat.reads(self.client.output(self.id), as_version=4)
+
+    # -- display ------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        d = self._data
+        return f"<Job {d.get('id')} {d.get('name', '')!s} {d.get('status', '?')}: {d.get('reason') or ''}>"
+
+    def _repr_html_(self) -> str:
+        from gpupool.widgets.render import job_html
+        return job_html(self._data)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Job) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+
+def metrics_of(raw: Mapping[str, Any]) -> dict[str, list[tuple[int, float]]]:
+    """The API's metrics object -> {name: [(step, value), ...]} sorted by step."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name, points in (raw or {}).items():
+        pts = []
+        for i, p in enumerate(points or []):
+            if isinstance(p, Mapping):
+                step = p.get("step")
+                pts.append((int(step) if step is not None else i, float(p.get("value"))))
+            elif isinstance(p, (list, tuple)) and len(p) >= 2:
+                pts.append((int(p[0]), float(p[1])))
+        pts.sort(key=lambda sv: sv[0])
+        out[name] = pts
+    return out
+
+
+def _progress_bar(desc: str):
+    try:
+        if "ipykernel" in sys.modules:
+            from tqdm.auto import tqdm
+        else:
+            from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    return tqdm(total=None, desc=desc, bar_format="{desc} [{elapsed}]", leave=True)
+
+
+def _notebook_ref(notebook) -> dict:
+    """Body fields naming the notebook: ``notebook`` (a path) or ``notebook_content`` (a dict)."""
+    if isinstance(notebook, Mapping):
+        return {"notebook_content": _plain(notebook)}
+    if not isinstance(notebook, (str, os.PathLike)):
+        raise TypeError("notebook must be a path such as 'train.ipynb' or an nbformat notebook dict")
+    path = os.fspath(notebook)
+    if not path.endswith(".ipynb"):
+        raise GPUPoolError(f"notebook: {path!r} is not a .ipynb file", field="notebook")
+    p = Path(path).expanduser()
+    if not p.is_absolute() and p.exists():
+        p = p.resolve()
+    if p.is_absolute():
+        # The service runs papermill relative to the user's home: send a home-relative path.
+        home = Path(os.path.expanduser("~")).resolve()
+        root = os.environ.get("GPUPOOL_NOTEBOOK_ROOT")
+        for base in ([Path(root).resolve()] if root else []) + [home]:
+            try:
+                return {"notebook": str(p.relative_to(base))}
+            except ValueError:
+                continue
+        return {"notebook": str(p)}
+    return {"notebook": path}
+
+
+def _plain(obj):
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def build_body(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | None = None,
+               parameters: Mapping[str, Any] | None = None, queue: str | None = None,
+               kind: str | None = None, priority: int | None = None, preemptible: bool | None = None,
+               checkpoint_on_signal: bool | None = None, name: str | None = None,
+               cpu: float | None = None, memory: str | int | None = None, sweep: str | None = None,
+               notebook_content: Mapping | None = None) -> dict:
+    if (notebook is None) == (notebook_content is None):
+        raise GPUPoolError("give exactly one of notebook (a path) or notebook_content (a notebook dict)",
+                           field="notebook")
+    body = _notebook_ref(notebook) if notebook is not None else {"notebook_content": _plain(notebook_content)}
+    if parameters is not None:
+        if not isinstance(parameters, Mapping):
+            raise GPUPoolError("parameters: must be a dict of papermill parameters", field="parameters")
+        body["parameters"] = dict(parameters)
+    for key, value in (("gpus", gpus), ("gpu_memory", gpu_memory), ("queue", queue), ("kind", kind),
+                       ("priority", priority), ("preemptible", preemptible),
+                       ("checkpoint_on_signal", checkpoint_on_signal), ("name", name), ("cpu", cpu),
+                       ("memory", memory), ("sweep", sweep)):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def submit(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | None = None,
+           parameters: Mapping[str, Any] | None = None, queue: str | None = None, kind: str | None = None,
+           priority: int | None = None, preemptible: bool | None = None,
+           checkpoint_on_signal: bool | None = None, name: str | None = None, cpu: float | None = None,
+           memory: str | int | None = None, sweep: str | None = None,
+           notebook_content: Mapping | None = None, client: Client | None = None) -> Job:
+    """Run a notebook as a job in the pool (papermill, with ``parameters``) and return its :class:`Job`.
+
+    ``gpus`` is whole GPUs or a fraction below 1 (``0.5``); ``gpu_memory`` (``"8Gi"``) asks for a
+    slice by memory instead. ``queue`` defaults to your first queue; ``kind`` is ``train``,
+    ``hpo-trial`` or ``inference``. ``notebook`` is a path relative to your home directory (a local
+    path under your home is converted), or pass ``notebook_content`` (an nbformat notebook dict).
+    """
+    body = build_body(notebook, gpus=gpus, gpu_memory=gpu_memory, parameters=parameters, queue=queue,
+                      kind=kind, priority=priority, preemptible=preemptible,
+                      checkpoint_on_signal=checkpoint_on_signal, name=name, cpu=cpu, memory=memory,
+                      sweep=sweep, notebook_content=notebook_content)
+    c = get_client(client)
+    return Job(c.submit(body), client=client)
+
+
+def jobs(status: str | None = None, *, user: str | None = None, sweep: str | None = None,
+         client: Client | None = None) -> list[Job]:
+    """Your jobs (admins: everyone's; ``user=`` filters), optionally by ``status`` or ``sweep``."""
+    return [Job(d, client=client) for d in get_client(client).jobs(status=status, user=user, sweep=sweep)]
+
+
+def queues(client: Client | None = None) -> list[dict]:
+    """The queues with deserved quota, fair share, allocation and pending counts."""
+    return get_client(client).queues()
+
+
+def nodes(client: Client | None = None) -> list[dict]:
+    """The nodes and their GPUs with allocations (and utilization where measured)."""
+    return get_client(client).nodes()
