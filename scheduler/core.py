@@ -29,7 +29,7 @@ from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacem
                     Workload)
 from .placement import make_policy
 from .units import format_amount
-from .victims import victim_order
+from .victims import lost_gpu_seconds, victim_order
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 ZERO: Vec = (0.0, 0.0, 0.0)
@@ -359,47 +359,102 @@ def _pipeline(ctx: Cycle, c: Candidate) -> bool:
     return True
 
 
+def _fits(ctx: Cycle, c: Candidate, mask: np.ndarray | None = None) -> bool:
+    probe = Statement(ctx, ctx.future)
+    cand = c if mask is None else Candidate(c.w, c.req, c.amount, mask if c.mask is None else (mask & c.mask))
+    if ctx.place(cand, probe) is None:
+        return False
+    probe.rollback()
+    return True
+
+
 def _make_room(ctx: Cycle, c: Candidate, victims: list[Workload],
                allowed: Callable[[list[Workload], Workload], bool]) -> list[Workload] | None:
-    """Smallest prefix-then-pruned set of ``victims`` (in preference order) whose removal from the
-    future view lets ``c`` fit. On success the victims stay removed and ``c`` stays placed in the
-    future view; on failure the view is unchanged."""
+    """The victims (from ``victims``, in preference order, each accepted by ``allowed``) whose
+    removal from the future view lets ``c`` fit, losing the least work. On success the victims are
+    removed and ``c`` is placed in the future view; on failure the view is unchanged.
+
+    A single-pod workload is planned node by node (its pod needs room on one node): the cheapest
+    victim set of each node is found and the node that loses the least work wins. A gang is
+    planned greedily over the whole cluster, then unnecessary victims are pruned."""
+    plan = _plan_single(ctx, c, victims, allowed) if c.w.pods == 1 else _plan_gang(ctx, c, victims, allowed)
+    if plan is None:
+        return None
+    chosen, mask = plan
+    st = Statement(ctx, ctx.future)
+    for v in chosen:
+        st.remove(v, v.placements)
+    cand = c if mask is None else Candidate(c.w, c.req, c.amount, mask if c.mask is None else (mask & c.mask))
+    if ctx.place(cand, st) is None:  # cannot happen: the plan was probed
+        st.rollback()
+        return None
+    st.commit()
+    return chosen
+
+
+def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload],
+                 allowed: Callable[[list[Workload], Workload], bool]) -> tuple[list[Workload], np.ndarray] | None:
+    fut = ctx.future
+    on_node: dict[int, list[Workload]] = {}
+    for v in victims:
+        for n in sorted({fut.index[p.node] for p in v.placements if p.node in fut.index}):
+            on_node.setdefault(n, []).append(v)
+    best: tuple[tuple, list[Workload], np.ndarray] | None = None
+    for n, vs in sorted(on_node.items()):
+        if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
+            continue
+        only = np.zeros(len(fut.nodes), dtype=bool)
+        only[n] = True
+        st = Statement(ctx, fut)
+        chosen: list[Workload] = []
+        for v in vs:
+            if not allowed(chosen, v):
+                continue
+            st.remove(v, v.placements)
+            chosen.append(v)
+            if _fits(ctx, c, only):
+                cost = (sum(lost_gpu_seconds(x, ctx.now_t, ctx.amount(x)[0]) for x in chosen), len(chosen),
+                        fut.nodes[n].name)
+                if best is None or cost < best[0]:
+                    best = (cost, list(chosen), only)
+                break
+        st.rollback()
+    return None if best is None else (best[1], best[2])
+
+
+def _fits_without(ctx: Cycle, c: Candidate, gone: list[Workload]) -> bool:
+    st = Statement(ctx, ctx.future)
+    for v in gone:
+        st.remove(v, v.placements)
+    ok = _fits(ctx, c)
+    st.rollback()
+    return ok
+
+
+def _plan_gang(ctx: Cycle, c: Candidate, victims: list[Workload],
+               allowed: Callable[[list[Workload], Workload], bool]) -> tuple[list[Workload], None] | None:
     st = Statement(ctx, ctx.future)
     chosen: list[Workload] = []
     need = c.amount[0]
     freed = float(ctx.future.gpu_free[ctx.future.schedulable].sum()) / MILLI
+    found = False
     for v in victims:
         if not allowed(chosen, v):
             continue
         st.remove(v, v.placements)
         chosen.append(v)
         freed += ctx.amount(v)[0]
-        if freed + EPS < need:
-            continue
-        probe = Statement(ctx, ctx.future)
-        if ctx.place(c, probe) is not None:
-            probe.rollback()
+        if freed + EPS >= need and _fits(ctx, c):
+            found = True
             break
-    else:
-        st.rollback()
+    st.rollback()
+    if not found:
         return None
-    # prune victims that turned out unnecessary (latest first)
-    for v in list(reversed(chosen)):
-        for p in v.placements:
-            ctx.future.take_placement(p, v)
-        probe = Statement(ctx, ctx.future)
-        if ctx.place(c, probe) is not None:
-            probe.rollback()
-            chosen.remove(v)
-        else:
-            for p in v.placements:
-                ctx.future.give_placement(p, v)
-    final = Statement(ctx, ctx.future)
-    if ctx.place(c, final) is None:  # cannot happen: the last probe fitted
-        st.rollback()
-        return None
-    final.commit()
-    return chosen
+    for v in list(reversed(chosen)):  # prune victims that turned out unnecessary (latest first)
+        rest = [x for x in chosen if x is not v]
+        if _fits_without(ctx, c, rest):
+            chosen = rest
+    return chosen, None
 
 
 def _preemptible_running(ctx: Cycle) -> list[Workload]:
