@@ -1,0 +1,599 @@
+"""A Kubernetes API server for tests: kmock's in-memory emulator plus the parts it lacks, and a
+"fake kubelet".
+
+kmock (PyPI) is a real HTTP server on 127.0.0.1 with a stateful Kubernetes API that the official
+``kubernetes`` / ``kubernetes_asyncio`` clients (and so KubeSpawner) talk to. It lacks a few things
+that gpupool and KubeSpawner rely on; :class:`FakeKube` adds them:
+
+* ``?watch=True`` (what kubernetes_asyncio sends; kmock knows only ``watch=true``), watch
+  ``timeoutSeconds``, and ``resourceVersion`` (only changes after that version are replayed);
+* ``metadata.namespace / uid / resourceVersion / creationTimestamp / generateName`` on create, a
+  new ``resourceVersion`` on every change, and the list's ``metadata.resourceVersion``;
+* label selectors (``a=b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``, ``a notin (x,y)``) and
+  field selectors (dotted paths with ``=``, ``==``, ``!=``) on list and watch;
+* graceful pod deletion: ``DELETE`` with ``gracePeriodSeconds`` (body or query) marks the pod
+  ``deletionTimestamp`` and the kubelet removes it when the grace is over, or earlier when the
+  pod "exits on SIGTERM" (``behave(..., exit_on_term_after=s)``); every deletion is recorded in
+  :attr:`FakeKube.deletions` with its grace period;
+* ``pods/{name}/log`` serves the text set with :meth:`KubeCluster.set_log`.
+
+The fake kubelet binds pods to the node named by their required node affinity (``matchFields
+metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName``, refuses a
+node that is missing, cordoned, NotReady or out of ``nvidia.com/gpu`` (the pod stays Pending
+with an ``Unschedulable`` condition, as the kube-scheduler would leave it) and otherwise moves the
+pod to Running with a pod IP and ready container statuses.
+
+The server runs in its own thread and event loop, so synchronous and asynchronous test code and
+subprocesses can all use it. Use the ``kube`` pytest fixture, or ``KubeCluster()`` as a context
+manager.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import re
+import threading
+import uuid
+from typing import Any, Callable
+
+import aiohttp.web
+import attrs
+import kmock
+import pytest
+import yaml
+from kmock._internal import enums, rendering
+
+PODS = kmock.resource("", "v1", "pods")
+NODES = kmock.resource("", "v1", "nodes")
+EVENTS = kmock.resource("", "v1", "events")
+PVCS = kmock.resource("", "v1", "persistentvolumeclaims")
+SECRETS = kmock.resource("", "v1", "secrets")
+SERVICES = kmock.resource("", "v1", "services")
+NAMESPACED = {"pods", "events", "persistentvolumeclaims", "secrets", "services", "configmaps"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _get_path(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def match_labels(labels: dict[str, str], selector: str | None) -> bool:
+    for req in _split_selector(selector or ""):
+        m = _SET_RE.match(req)
+        if m:
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            if (op == "in") != (labels.get(key) in values):
+                return False
+        elif "!=" in req:
+            k, v = req.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in req:
+            k, v = req.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif req.startswith("!"):
+            if req[1:].strip() in labels:
+                return False
+        elif req not in labels:
+            return False
+    return True
+
+
+def match_fields(obj: dict, selector: str | None) -> bool:
+    for req in _split_selector(selector or ""):
+        neg = "!=" in req
+        k, v = (req.split("!=", 1) if neg else req.replace("==", "=").split("=", 1))
+        actual = _get_path(obj, k.strip())
+        actual = "" if actual is None else str(actual)
+        if (actual == v.strip()) == neg:
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class FakeKube(kmock.KubernetesEmulator):
+    """kmock's emulator with the gaps filled (see the module docstring)."""
+
+    rv: int = 0
+    logs: dict = attrs.field(factory=dict)
+    behaviours: dict = attrs.field(factory=dict)
+    deletions: list = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for res in (PODS, NODES, EVENTS, PVCS, SECRETS, SERVICES):
+            self.resources[res] = {"namespaced": res.plural in NAMESPACED, "verbs": ["list", "watch", "get"]}
+
+    def next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    # -- object changes (call with self._lock held) ---------------------------------------------
+    async def _emit(self, resource: Any, kind: str, raw: dict) -> None:
+        await self._buses[resource].put({"type": kind, "object": raw})
+
+    async def patch_object(self, resource: Any, namespace: str | None, name: str, patch: dict) -> dict | None:
+        key = (resource, namespace, name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        patch = json.loads(json.dumps(patch))
+        patch.setdefault("metadata", {})["resourceVersion"] = self.next_rv()
+        self._objects[key].patch(patch)
+        raw = self._objects[key].raw
+        await self._emit(resource, "MODIFIED", raw)
+        return raw
+
+    async def remove_object(self, resource: Any, namespace: str | None, name: str) -> dict | None:
+        key = (resource, namespace, name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        self._objects[key].patch({"metadata": {"resourceVersion": self.next_rv()}})
+        raw = self._objects[key].raw
+        self._objects[key].delete()
+        await self._emit(resource, "DELETED", raw)
+        return raw
+
+    async def create_object(self, resource: Any, namespace: str | None, data: dict) -> dict:
+        data = json.loads(json.dumps(data))
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if resource.plural in NAMESPACED:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        else:
+            meta.pop("namespace", None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = _now()
+        meta["resourceVersion"] = self.next_rv()
+        if resource.plural == "pods":
+            data.setdefault("status", {}).setdefault("phase", "Pending")
+        key = (resource, meta.get("namespace"), meta["name"])
+        if key in self._objects and not self._objects[key].deleted:
+            raise kmock.KubernetesError(status=409, reason="AlreadyExists",
+                                        message=f'{resource.plural} "{meta["name"]}" already exists')
+        if key in self._objects:
+            self._objects[key].create(data)
+        else:
+            self._objects[key] = data
+        raw = self._objects[key].raw
+        await self._emit(resource, "ADDED", raw)
+        return raw
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is None:
+            return await super()._handle(request)
+        params = {k: v for k, v in request.params.items()}
+        if request.method == enums.method.GET and str(params.get("watch", "")).lower() in ("true", "1"):
+            watch = attrs.evolve(request, action=enums.action.WATCH)
+            # kmock matches reactions against the requests it recorded, by identity
+            for i, seen in enumerate(self._requests):
+                if seen is request:
+                    self._requests[i] = watch
+            return await super()._handle(watch)
+        res = request.resource
+        if request.subresource == "log" and request.method == enums.method.GET:
+            key = (res, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            return aiohttp.web.Response(text=self.logs.get((request.namespace, request.name), ""))
+        if request.action == enums.action.CREATE:
+            async with self._lock:
+                raw = await self.create_object(res, request.namespace, request.data or {})
+            return aiohttp.web.json_response(raw, status=201)
+        if request.action == enums.action.UPDATE:
+            data = request.data
+            if not isinstance(data, dict):
+                raise kmock.KubernetesError(status=415, reason="UnsupportedMediaType",
+                                            message="this test server supports merge patches only")
+            async with self._lock:
+                raw = await self.patch_object(res, request.namespace, request.name, data)
+            if raw is None:
+                raise kmock.KubernetesObjectNotFoundError()
+            return aiohttp.web.json_response(raw)
+        if request.action == enums.action.DELETE and request.name:
+            body = request.data if isinstance(request.data, dict) else {}
+            grace = body.get("gracePeriodSeconds", params.get("gracePeriodSeconds"))
+            async with self._lock:
+                key = (res, request.namespace, request.name)
+                if key not in self._objects or self._objects[key].deleted:
+                    raise kmock.KubernetesObjectNotFoundError()
+                obj = self._objects[key].raw
+                if res.plural != "pods":
+                    raw = await self.remove_object(res, request.namespace, request.name)
+                    return aiohttp.web.json_response(raw)
+                if grace is None:
+                    grace = obj.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+                grace = int(grace)
+                self.deletions.append({"namespace": request.namespace, "name": request.name, "grace": grace,
+                                       "labels": dict(obj.get("metadata", {}).get("labels", {}))})
+                if obj["metadata"].get("deletionTimestamp"):
+                    return aiohttp.web.json_response(obj)
+                if grace <= 0 or not obj.get("spec", {}).get("nodeName"):
+                    raw = await self.remove_object(res, request.namespace, request.name)
+                else:
+                    raw = await self.patch_object(res, request.namespace, request.name, {"metadata": {
+                        "deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}})
+            return aiohttp.web.json_response(raw)
+        return await super()._handle(request)
+
+    def _matching(self, request: rendering.Request, params: dict) -> list[dict]:
+        out = []
+        for (resource, namespace, name), obj in self._objects.items():
+            if resource != request.resource or obj.deleted:
+                continue
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            if request.name is not None and name != request.name:
+                continue
+            raw = obj.raw
+            if not match_labels(raw.get("metadata", {}).get("labels") or {}, params.get("labelSelector")):
+                continue
+            if not match_fields(raw, params.get("fieldSelector")):
+                continue
+            out.append(raw)
+        return out
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        async with self._lock:
+            items = self._matching(request, dict(request.params))
+            rv = str(self.rv)
+        kind = (request.resource.plural or "").rstrip("s").capitalize() + "List"
+        return {"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": rv}, "items": items}
+
+    async def _serve_watch(self, request: rendering.Request):
+        yield b""
+        params = dict(request.params)
+        since = params.get("resourceVersion") or "0"
+        timeout = float(params.get("timeoutSeconds") or 0) or None
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        bus = self._buses[request.resource]
+        marker = await bus.mark()  # subscribe before replaying, so nothing falls in between
+        try:
+            async with self._lock:
+                objs = self._matching(request, params)
+            for raw in objs:
+                if since in ("", "0") or int(raw["metadata"].get("resourceVersion", "0")) > int(since):
+                    yield {"type": "ADDED", "object": raw}
+            stream = bus.stream(since=marker)
+            async for event in self._until(stream, deadline, loop):
+                if self._filter_event(request, params, event):
+                    yield event
+        finally:
+            try:
+                await bus.unmark(marker)
+            except ValueError:
+                pass
+
+    @staticmethod
+    async def _until(stream: Any, deadline: float | None, loop: asyncio.AbstractEventLoop):
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return
+            try:
+                yield await asyncio.wait_for(stream.__anext__(), remaining)
+            except (asyncio.TimeoutError, StopAsyncIteration):
+                return
+
+    def _filter_event(self, request: rendering.Request, params: dict, event: dict) -> bool:
+        raw = event.get("object", {})
+        meta = raw.get("metadata", {})
+        if request.namespace is not None and meta.get("namespace") != request.namespace:
+            return False
+        if request.name is not None and meta.get("name") != request.name:
+            return False
+        if not match_labels(meta.get("labels") or {}, params.get("labelSelector")):
+            return False
+        return match_fields(raw, params.get("fieldSelector"))
+
+
+# -- the fake kubelet ----------------------------------------------------------------------------
+
+def _pod_node(pod: dict) -> str | None:
+    spec = pod.get("spec", {})
+    if spec.get("nodeName"):
+        return spec["nodeName"]
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    for term in terms:
+        for expr in (term.get("matchFields") or []):
+            if expr.get("key") == "metadata.name" and expr.get("operator") == "In" and expr.get("values"):
+                return expr["values"][0]
+        for expr in (term.get("matchExpressions") or []):
+            if expr.get("key") == "kubernetes.io/hostname" and expr.get("operator") == "In" and expr.get("values"):
+                return expr["values"][0]
+    return (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+
+
+def _pod_gpus(pod: dict) -> int:
+    total = 0
+    for c in pod.get("spec", {}).get("containers", []):
+        lim = (c.get("resources") or {}).get("limits") or {}
+        total += int(lim.get("nvidia.com/gpu", 0) or 0)
+    return total
+
+
+def _node_ready(node: dict) -> bool:
+    for cond in node.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return True
+
+
+async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
+    """Moves pods through their lives (see the module docstring). Runs until cancelled."""
+    ip = 10
+    loop = asyncio.get_running_loop()
+    deleting: dict[tuple, float] = {}
+    while True:
+        await asyncio.sleep(interval)
+        async with api._lock:
+            nodes = {name: obj.raw for (res, _, name), obj in api._objects.items() if res == NODES and not obj.deleted}
+            pods = [(ns, name, obj.raw) for (res, ns, name), obj in api._objects.items()
+                    if res == PODS and not obj.deleted]
+            for ns, name, pod in pods:
+                meta, status = pod["metadata"], pod.get("status", {})
+                phase = status.get("phase", "Pending")
+                behave = api.behaviours.get((ns, name)) or api.behaviours.get(meta.get("labels", {}).get("gpupool.io/job-id")) or {}
+                if meta.get("deletionTimestamp"):
+                    key = (ns, name, meta.get("uid"))
+                    if key not in deleting:
+                        grace = float(meta.get("deletionGracePeriodSeconds", 30))
+                        early = behave.get("exit_on_term_after")
+                        deleting[key] = loop.time() + (min(grace, early) if early is not None else grace)
+                        if behave.get("log_on_term"):
+                            api.logs[(ns, name)] = api.logs.get((ns, name), "") + behave["log_on_term"]
+                    if loop.time() >= deleting[key]:
+                        deleting.pop(key, None)
+                        await api.remove_object(PODS, ns, name)
+                    continue
+                if phase != "Pending":
+                    continue
+                node_name = _pod_node(pod)
+                node = nodes.get(node_name) if node_name else None
+                reason = None
+                if node is None:
+                    reason = f"node {node_name!r} not found" if node_name else "no node chosen"
+                elif node.get("spec", {}).get("unschedulable"):
+                    reason = f"node {node_name} is cordoned"
+                elif not _node_ready(node):
+                    reason = f"node {node_name} is NotReady"
+                else:
+                    used = sum(_pod_gpus(p) for n2, nm2, p in pods
+                               if (n2, nm2) != (ns, name) and p.get("spec", {}).get("nodeName") == node_name
+                               and p.get("status", {}).get("phase") in ("Running", "Pending"))
+                    alloc = int((node.get("status", {}).get("allocatable") or {}).get("nvidia.com/gpu", 0) or 0)
+                    if _pod_gpus(pod) and used + _pod_gpus(pod) > alloc:
+                        reason = f"0/1 nodes are available: 1 Insufficient nvidia.com/gpu on {node_name}"
+                if reason:
+                    conds = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}]
+                    if status.get("conditions") != conds:
+                        await api.patch_object(PODS, ns, name, {"status": {"conditions": conds}})
+                    continue
+                ip += 1
+                containers = pod.get("spec", {}).get("containers", [])
+                now = _now()
+                await api.patch_object(PODS, ns, name, {
+                    "spec": {"nodeName": node_name},
+                    "status": {
+                        "phase": "Running", "podIP": f"10.0.0.{ip % 250 + 2}", "hostIP": "192.168.0.1",
+                        "startTime": now,
+                        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                        "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c.get("image", ""),
+                                               "imageID": "", "started": True, "state": {"running": {"startedAt": now}}}
+                                              for c in containers],
+                    }})
+
+
+class KubeCluster:
+    """The test API server in its own thread. ``url`` is its address; the helpers add nodes
+    and foreign pods, read objects, set logs and end pods, from any thread."""
+
+    def __init__(self) -> None:
+        self.api = FakeKube()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self.port = 0
+
+    # lifecycle
+    def __enter__(self) -> "KubeCluster":
+        self._thread = threading.Thread(target=self._run, name="fake-kube", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError("the test Kubernetes API did not start")
+        if self._error:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._loop and self._stop:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread:
+            self._thread.join(15)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._main())
+        except BaseException as e:  # noqa: BLE001 - reported to the starting thread
+            self._error = e
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with self.api, kmock.Server(self.api) as server:
+            self.port = server.port
+            kubelet = asyncio.create_task(fake_kubelet(self.api))
+            self._ready.set()
+            await self._stop.wait()
+            kubelet.cancel()
+            try:
+                await kubelet
+            except asyncio.CancelledError:
+                pass
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: str, namespace: str = "default") -> str:
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "test",
+               "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+               "users": [{"name": "test", "user": {"token": "test"}}],
+               "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": namespace}}]}
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        return path
+
+    def call(self, fn: Callable[[], Any], timeout: float = 10) -> Any:
+        """Run the coroutine function ``fn`` in the server's loop and return its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout)
+
+    # helpers
+    def add_node(self, name: str, gpus: int = 0, *, product: str = "NVIDIA-A100-SXM4-80GB", memory_mib: int = 81920,
+                 labels: dict | None = None, unschedulable: bool = False, ready: bool = True, cpu: str = "32",
+                 memory: str = "256Gi", uuids: list[str] | None = None, gfd: bool = True) -> dict:
+        lab = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+        if gpus and gfd:
+            lab.update({"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": str(memory_mib),
+                        "nvidia.com/gpu.count": str(gpus), "nvidia.com/gpu.present": "true"})
+        lab.update(labels or {})
+        res = {"cpu": cpu, "memory": memory, "pods": "110"}
+        if gpus:
+            res["nvidia.com/gpu"] = str(gpus)
+        node: dict = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": lab},
+                      "spec": {"unschedulable": True} if unschedulable else {},
+                      "status": {"capacity": dict(res), "allocatable": dict(res),
+                                 "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        if uuids:
+            node["metadata"]["annotations"] = {"gpupool.io/gpu-uuids": ",".join(uuids)}
+
+        async def go() -> dict:
+            async with self.api._lock:
+                return await self.api.create_object(NODES, None, node)
+        return self.call(go)
+
+    def patch_node(self, name: str, patch: dict) -> dict | None:
+        async def go() -> dict | None:
+            async with self.api._lock:
+                return await self.api.patch_object(NODES, None, name, patch)
+        return self.call(go)
+
+    def add_pod(self, name: str, *, namespace: str = "default", node: str | None = None, gpus: int = 0,
+                labels: dict | None = None, annotations: dict | None = None, phase: str | None = None,
+                cpu: str | None = None) -> dict:
+        """A pod created the way another tool would (e.g. a foreign GPU pod on ``node``)."""
+        res: dict = {}
+        if gpus:
+            res["limits"] = {"nvidia.com/gpu": str(gpus)}
+        if cpu:
+            res["requests"] = {"cpu": cpu}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+               "spec": {"containers": [{"name": "main", "image": "busybox", "resources": res}],
+                        **({"nodeName": node} if node else {})}}
+
+        async def go() -> dict:
+            async with self.api._lock:
+                raw = await self.api.create_object(PODS, namespace, pod)
+                if phase:
+                    raw = await self.api.patch_object(PODS, namespace, name, {"status": {"phase": phase}})
+                return raw
+        return self.call(go)
+
+    def pods(self, namespace: str | None = None, selector: str | None = None) -> list[dict]:
+        async def go() -> list[dict]:
+            async with self.api._lock:
+                return [json.loads(json.dumps(obj.raw)) for (res, ns, name), obj in self.api._objects.items()
+                        if res == PODS and not obj.deleted and (namespace is None or ns == namespace)
+                        and match_labels(obj.raw.get("metadata", {}).get("labels") or {}, selector)]
+        return self.call(go)
+
+    def pod(self, name: str, namespace: str = "default") -> dict | None:
+        found = [p for p in self.pods(namespace) if p["metadata"]["name"] == name]
+        return found[0] if found else None
+
+    def delete_pod(self, name: str, namespace: str = "default") -> None:
+        async def go() -> None:
+            async with self.api._lock:
+                await self.api.remove_object(PODS, namespace, name)
+        self.call(go)
+
+    def set_log(self, name: str, text: str, namespace: str = "default") -> None:
+        self.api.logs[(namespace, name)] = text
+
+    def behave(self, key: str | tuple, **behaviour: Any) -> None:
+        """``key``: a job id (label gpupool.io/job-id) or (namespace, pod name). Behaviours:
+        ``exit_on_term_after`` seconds (the pod exits that soon after SIGTERM instead of using
+        its whole grace), ``log_on_term`` (text appended to its log on SIGTERM)."""
+        self.api.behaviours[key] = behaviour
+
+    def finish_pod(self, name: str, exit_code: int = 0, namespace: str = "default", log: str | None = None) -> None:
+        """The pod's container exits with ``exit_code`` (phase Succeeded or Failed)."""
+        if log is not None:
+            self.set_log(name, log, namespace)
+        now = _now()
+
+        async def go() -> None:
+            async with self.api._lock:
+                pod = self.api._objects[(PODS, namespace, name)].raw
+                statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
+                             "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                                      "startedAt": now, "finishedAt": now}}}
+                            for c in pod["spec"]["containers"]]
+                await self.api.patch_object(PODS, namespace, name, {"status": {
+                    "phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": statuses}})
+        self.call(go)
+
+    @property
+    def deletions(self) -> list[dict]:
+        return list(self.api.deletions)
+
+
+@pytest.fixture
+def kube(tmp_path, monkeypatch):
+    """A running test Kubernetes API; the default kubeconfig of kubernetes_asyncio points at it
+    (so KubeSpawner's load_config finds it)."""
+    from kubernetes_asyncio.config import kube_config
+
+    with KubeCluster() as cluster:
+        path = cluster.kubeconfig(str(tmp_path / "kubeconfig"))
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", path)
+        yield cluster
