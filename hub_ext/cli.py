@@ -1,0 +1,173 @@
+"""``gpupool hub``: run JupyterHub with the gpupool service and GPU-aware spawner.
+
+    gpupool hub --demo [--port 8000] [--ip 127.0.0.1] [--gpus auto|real|declared]
+    gpupool hub --config jupyterhub_config.py [--port N] [--ip ADDR]
+
+``--demo`` writes a ready-made config into ./.gpupool-demo/ (see demo_config.py) and runs the
+hub there; ``--config`` runs an admin's own config (which calls ``gpupool.hub_ext.configure(c)``).
+Either way the hub runs in the foreground; Ctrl-C (or SIGTERM) stops it, its proxy, the service
+and every single-user server.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PROXY = "configurable-http-proxy"
+INSTALL_HINT = (
+    "configurable-http-proxy (JupyterHub's proxy, a Node.js program) is not installed.\n"
+    "  In a gpupool checkout: `npm install` (or simply `make hub`, which installs it and starts the demo).\n"
+    "  Elsewhere: `npm install -g configurable-http-proxy` (needs Node.js >= 18)."
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "hub", help="run JupyterHub with the gpupool scheduler (try: gpupool hub --demo)",
+        description="Run JupyterHub with the gpupool service and the GPU-aware spawner.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--demo", action="store_true",
+                      help="write a demo config into ./.gpupool-demo/ and run it (users alice, bob, carol; "
+                           "password gpupool)")
+    mode.add_argument("--config", metavar="FILE", help="run JupyterHub with this jupyterhub_config.py")
+    p.add_argument("--port", type=int, default=None, help="public port (default 8000; the demo also uses the "
+                                                          "next three ports for the proxy API, the hub and the service)")
+    p.add_argument("--ip", default=None, help="public address (default 127.0.0.1)")
+    p.add_argument("--gpus", choices=("auto", "real", "declared"), default="auto",
+                   help="demo inventory: this machine's GPUs via NVML (real), 2 declared nodes x 4 GPUs "
+                        "(declared), or real when NVML finds GPUs (auto, the default)")
+    p.add_argument("--dir", default=None, help=argparse.SUPPRESS)  # demo directory (tests)
+    p.set_defaults(func=run)
+
+
+def find_proxy(cwd: Path | None = None) -> str | None:
+    """configurable-http-proxy on PATH, in ./node_modules/.bin, or in the gpupool checkout's."""
+    found = shutil.which(PROXY)
+    if found:
+        return found
+    for base in (cwd or Path.cwd(), Path(__file__).resolve().parents[1]):
+        cand = base / "node_modules" / ".bin" / PROXY
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    return None
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"gpupool hub: {message}", file=sys.stderr)
+    return code
+
+
+def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status < 500:
+                    return True
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str | None) -> int:
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env)
+    stopping = {"signal": None}
+
+    def forward(signum, frame):  # stop the hub gracefully: it stops the proxy, service and servers
+        stopping["signal"] = signum
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if banner is not None and _wait_up(proc, health_url) and stopping["signal"] is None:
+            print(banner, flush=True)
+        while True:
+            try:
+                rc = proc.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        if proc.poll() is None:  # we are leaving abnormally: do not leave the hub behind
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for s, h in old.items():
+            signal.signal(s, h)
+    if stopping["signal"] is not None:
+        print("gpupool hub: stopped", file=sys.stderr)
+        return 0
+    if rc != 0:
+        return _fail(f"jupyterhub exited with status {rc} (see its log above)", 1)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.demo and not args.config:
+        return _fail("give --demo (a ready-made demo hub) or --config FILE (your jupyterhub_config.py)")
+    if args.port is not None and not 1 <= args.port <= 65532:
+        return _fail(f"--port: {args.port} is not a usable port")
+    proxy = find_proxy()
+    if proxy is None:
+        return _fail(INSTALL_HINT)
+    jupyterhub = shutil.which("jupyterhub") or str(Path(sys.executable).parent / "jupyterhub")
+    if not os.path.exists(jupyterhub):
+        return _fail("the `jupyterhub` command is not installed in this environment (pip install jupyterhub)")
+    env = dict(os.environ)
+    extra_path = [str(Path(sys.executable).parent), str(Path(proxy).parent)]
+    env["PATH"] = os.pathsep.join(extra_path + [env.get("PATH", "")])
+
+    if args.config:
+        config = Path(args.config).expanduser()
+        if not config.is_file():
+            return _fail(f"--config: {config} does not exist")
+        cmd = [jupyterhub, "-f", str(config.resolve())]
+        if args.port is not None:
+            cmd += ["--port", str(args.port)]
+        if args.ip is not None:
+            cmd += ["--ip", args.ip]
+        ip, port = args.ip or "127.0.0.1", args.port or 8000
+        return _run_hub(cmd, Path.cwd(), env, f"http://{ip if ip not in ('', '0.0.0.0') else '127.0.0.1'}:{port}/hub/health",
+                        f"\ngpupool hub is up: http://{ip}:{port}/\n")
+
+    from . import demo_config
+
+    gpus = args.gpus
+    if gpus in ("auto", "real"):
+        from ..backends import nvml
+
+        has = nvml.available()
+        if gpus == "real" and not has:
+            return _fail("--gpus real: NVML finds no GPU on this machine (no driver or no device); "
+                         "use --gpus declared for the demo inventory")
+        gpus = "real" if has else "declared"
+    opts = demo_config.DemoOptions(port=args.port or 8000, ip=args.ip or "127.0.0.1", gpus=gpus,
+                                   proxy_command=proxy)
+    root = Path(args.dir or demo_config.DEMO_DIR)
+    try:
+        config = demo_config.write_demo(root, opts)
+    except OSError as e:
+        return _fail(f"cannot write the demo into {root}: {e}")
+    print(f"gpupool hub: demo config written to {config}", flush=True)
+    return _run_hub([jupyterhub, "-f", str(config)], config.parent, env,
+                    f"http://127.0.0.1:{opts.port}/hub/health", demo_config.banner(opts))

@@ -1,0 +1,262 @@
+"""The GPU options form shown at ``/hub/spawn`` and the parsing/validation of ``user_options``.
+
+``user_options`` (from the form or straight from the REST API,
+``POST /hub/api/users/{name}/server`` with a JSON body) has these fields, all optional:
+
+=============== =========================== ==================================================
+field           example                     meaning
+=============== =========================== ==================================================
+``gpus``        ``0``, ``0.5``, ``2``       whole GPUs, or one of the offered fractions
+``gpu_memory``  ``"20Gi"``                  instead of ``gpus``: a share of one GPU sized by
+                                            memory
+``queue``       ``"vision"``                a queue the user may submit to (default: the first)
+``preemptible`` ``true``                    may borrow idle GPUs beyond the queue's quota, but
+                                            can be preempted when the owner queue needs them
+=============== =========================== ==================================================
+
+Everything here is pure (no I/O) so the KubeSpawner subclass and the local spawner share it.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..scheduler.units import format_bytes, parse_bytes
+
+OPTION_FIELDS = ("gpus", "gpu_memory", "queue", "preemptible")
+
+
+class OptionError(ValueError):
+    """A bad user option; ``field`` names it, ``message`` says what is wrong in plain words."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class GPURequest:
+    """A validated request: exactly one of ``gpus`` / ``gpu_memory`` is non-zero, or neither (CPU
+    only, no admission needed)."""
+
+    gpus: float = 0.0
+    gpu_memory: int = 0
+    queue: str | None = None
+    preemptible: bool = False
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpus > 0 or self.gpu_memory > 0
+
+    def describe(self) -> str:
+        if self.gpu_memory:
+            return f"{format_bytes(self.gpu_memory)} of GPU memory"
+        if self.gpus:
+            return f"{self.gpus:g} GPU" + ("s" if self.gpus > 1 else "")
+        return "no GPU"
+
+    def body(self, server: str = "") -> dict:
+        """The JSON body of ``POST workspaces/{user}``."""
+        out: dict[str, Any] = {"server": server, "preemptible": self.preemptible}
+        if self.gpu_memory:
+            out["gpu_memory"] = self.gpu_memory
+        else:
+            out["gpus"] = self.gpus
+        if self.queue:
+            out["queue"] = self.queue
+        return out
+
+
+def _fraction_label(f: float) -> str:
+    return {0.25: "¼", 0.5: "½", 0.75: "¾"}.get(f, f"{f:g}")
+
+
+def _choices_text(fractions: Sequence[float], max_gpus: int) -> str:
+    parts = ["0"] + [f"{f:g}" for f in fractions]
+    if max_gpus >= 1:
+        parts.append("1" if max_gpus == 1 else f"a whole number 1..{max_gpus}")
+    return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
+
+
+def parse_bool(value: Any, field: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, list) and len(value) == 1:  # raw form data
+        value = value[0]
+    if isinstance(value, str) and value.strip().lower() in ("true", "on", "yes", "1"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "off", "no", "0", ""):
+        return False
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    raise OptionError(field, f"must be true or false, not {value!r}")
+
+
+def parse_user_options(options: Any, *, fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
+                       max_gpu_memory: int = 0, queues: Sequence[str] | None = None,
+                       default_gpus: float = 0, default_preemptible: bool = False,
+                       extra_fields: Iterable[str] = ()) -> GPURequest:
+    """Validate ``user_options`` and return the request, or raise :class:`OptionError`.
+
+    ``queues``: the queues this user may submit to (None: not known, the service checks);
+    ``max_gpu_memory``: the largest GPU's memory in bytes (0: not known).
+    """
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise OptionError("user_options", "must be a JSON object such as {\"gpus\": 1}")
+    allowed = set(OPTION_FIELDS) | set(extra_fields)
+    for key in options:
+        if key not in allowed:
+            raise OptionError(str(key), f"unknown option (allowed: {', '.join(sorted(allowed))})")
+
+    gpus: float = default_gpus
+    gpu_memory = 0
+    raw_mem = options.get("gpu_memory")
+    if isinstance(raw_mem, str) and not raw_mem.strip():
+        raw_mem = None
+    if raw_mem is not None:
+        try:
+            gpu_memory = parse_bytes(raw_mem)
+        except ValueError as e:
+            raise OptionError("gpu_memory", str(e)) from None
+        if gpu_memory <= 0:
+            raise OptionError("gpu_memory", "must be more than 0, e.g. 20Gi")
+        if max_gpu_memory and gpu_memory > max_gpu_memory:
+            raise OptionError("gpu_memory", f"{format_bytes(gpu_memory)} is more than one GPU has "
+                                            f"({format_bytes(max_gpu_memory)}); ask for whole GPUs instead")
+        gpus = 0.0
+    if "gpus" in options and options["gpus"] not in (None, ""):
+        raw = options["gpus"]
+        if isinstance(raw, bool):
+            raise OptionError("gpus", "must be a number of GPUs")
+        try:
+            gpus = float(raw.strip()) if isinstance(raw, str) else float(raw)
+        except (TypeError, ValueError):
+            raise OptionError("gpus", f"{raw!r} is not a number of GPUs") from None
+        if not math.isfinite(gpus) or gpus < 0:
+            raise OptionError("gpus", "must be 0 or more")
+        if gpu_memory and gpus > 0:
+            raise OptionError("gpu_memory", "give either gpus or gpu_memory, not both")
+        if 0 < gpus < 1 and not any(abs(gpus - f) < 1e-9 for f in fractions):
+            raise OptionError("gpus", f"{gpus:g} is not offered; choose {_choices_text(fractions, max_gpus)}")
+        if gpus >= 1 and gpus != int(gpus):
+            raise OptionError("gpus", f"{gpus:g}: above 1 must be a whole number of GPUs")
+        if gpus > max_gpus:
+            raise OptionError("gpus", f"{gpus:g} is more than a workspace may use (at most {max_gpus})")
+
+    queue = options.get("queue")
+    if isinstance(queue, str) and not queue.strip():
+        queue = None
+    if queue is not None:
+        if not isinstance(queue, str):
+            raise OptionError("queue", "must be a queue name")
+        queue = queue.strip()
+        if queues is not None and queue not in queues:
+            if queues:
+                raise OptionError("queue", f"you may not use queue {queue!r} (yours: {', '.join(queues)})")
+            raise OptionError("queue", f"you may not use queue {queue!r}; you have no queue, ask your admin")
+    elif queues:
+        queue = queues[0]
+
+    preemptible = default_preemptible
+    if options.get("preemptible") is not None:
+        preemptible = parse_bool(options["preemptible"], "preemptible")
+    return GPURequest(gpus=gpus, gpu_memory=gpu_memory, queue=queue, preemptible=preemptible)
+
+
+def options_from_form(formdata: dict[str, list[str]]) -> dict:
+    """Form data (every value a list of strings) -> ``user_options``.
+
+    Only shapes the data; :func:`parse_user_options` validates. An unchecked checkbox is absent
+    from the form, so ``preemptible`` is always set explicitly."""
+    def one(key: str) -> str | None:
+        v = formdata.get(key)
+        if isinstance(v, list):
+            v = v[0] if v else None
+        return v.strip() if isinstance(v, str) else v
+
+    out: dict[str, Any] = {}
+    mem = one("gpu_memory")
+    if mem:
+        out["gpu_memory"] = mem
+    else:
+        gpus = one("gpus")
+        if gpus:
+            out["gpus"] = gpus
+    queue = one("queue")
+    if queue:
+        out["queue"] = queue
+    out["preemptible"] = (one("preemptible") or "").lower() in ("on", "true", "1", "yes")
+    return out
+
+
+def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
+                gpu_memory: int = 0, gpu_model: str = "", defaults: dict | None = None,
+                note: str = "") -> str:
+    """The form body (JupyterHub wraps it in ``<form>`` with a Start button).
+
+    ``queues``: entries of ``GET queues`` the user may submit to (``name``, ``deserved``,
+    ``allocated``, ``pending``); ``defaults``: the user's last ``user_options``."""
+    d = dict(defaults or {})
+    e = html.escape
+    cur_gpus = str(d.get("gpus", "0"))
+    gpu_opts = [("0", "No GPU (CPU only)")]
+    gpu_opts += [(f"{f:g}", f"{_fraction_label(f)} of a GPU (shared)") for f in fractions]
+    gpu_opts += [(str(n), f"{n} GPU" + ("s" if n > 1 else "")) for n in range(1, max_gpus + 1)]
+    try:
+        cur = f"{float(cur_gpus):g}"
+    except ValueError:
+        cur = "0"
+    options_html = "\n".join(
+        f'<option value="{e(v)}"{" selected" if v == cur else ""}>{e(label)}</option>' for v, label in gpu_opts)
+
+    hint = ""
+    if gpu_memory:
+        hint = f"each GPU has {format_bytes(gpu_memory)}" + (f" ({e(gpu_model)})" if gpu_model else "")
+    q_rows = []
+    cur_q = d.get("queue") or (queues[0]["name"] if queues else "")
+    for q in queues:
+        name = str(q.get("name", ""))
+        deserved = (q.get("deserved") or {}).get("gpu", 0)
+        allocated = (q.get("allocated") or {}).get("gpu", 0)
+        pending = q.get("pending", 0)
+        desc = f"{name}: {allocated:g} of {deserved:g} deserved GPUs in use, {pending} waiting"
+        q_rows.append(f'<option value="{e(name)}"{" selected" if name == cur_q else ""}>{e(desc)}</option>')
+    if q_rows:
+        queue_html = (f'<select class="form-control" id="gpupool-queue" name="queue">{"".join(q_rows)}</select>')
+    else:
+        queue_html = ('<p class="text-warning" id="gpupool-queue">You may not use any GPU queue; '
+                      'you can still start a workspace without a GPU. Ask your admin for a queue.</p>')
+    checked = " checked" if d.get("preemptible") in (True, "on", "true") else ""
+    mem_value = e(str(d.get("gpu_memory") or ""))
+    note_html = f'<p class="text-muted">{e(note)}</p>' if note else ""
+    return f"""
+<div class="gpupool-options">
+  {note_html}
+  <div class="form-group mb-3">
+    <label for="gpupool-gpus">GPUs</label>
+    <select class="form-control" id="gpupool-gpus" name="gpus">
+{options_html}
+    </select>
+  </div>
+  <div class="form-group mb-3">
+    <label for="gpupool-gpu-memory">or GPU memory</label>
+    <input class="form-control" id="gpupool-gpu-memory" name="gpu_memory" value="{mem_value}"
+           placeholder="e.g. 20Gi (a share of one GPU; leave empty to use the choice above)">
+    <small class="form-text text-muted">{e(hint)}</small>
+  </div>
+  <div class="form-group mb-3">
+    <label for="gpupool-queue">Queue</label>
+    {queue_html}
+  </div>
+  <div class="form-check mb-3">
+    <input class="form-check-input" type="checkbox" id="gpupool-preemptible" name="preemptible"{checked}>
+    <label class="form-check-label" for="gpupool-preemptible">Preemptible workspace: may borrow idle GPUs
+      beyond the queue's quota, but is stopped when their owner needs them back (save your work often)</label>
+  </div>
+</div>
+"""

@@ -1,0 +1,489 @@
+"""GPUPoolSpawnerMixin: route a JupyterHub server start through the gpupool scheduler.
+
+Mix it in front of any spawner (``class S(GPUPoolSpawnerMixin, LocalProcessSpawner)``,
+``class S(GPUPoolSpawnerMixin, KubeSpawner)``). A start then goes:
+
+1. ``user_options`` (form or REST) are validated into a :class:`~.form.GPURequest`; a bad value is
+   a 400 naming the field.
+2. ``POST workspaces/{user}[/{server}]`` asks the gpupool service for admission.
+3. ``GET workspaces/{user}[/{server}]`` is polled every ``admission_poll_interval`` seconds; each
+   new reason ("queued in vision: position 2, waiting for 1 GPU") becomes a spawn progress event.
+4. Once the workspace is ``running``, its ``env`` (``CUDA_VISIBLE_DEVICES``, fraction / memory-cap
+   variables) goes into the server's environment and the wrapped spawner starts the server.
+
+If admission takes longer than ``admission_timeout`` the request is withdrawn and the start fails
+with a message saying where it was in the queue. ``stop()``, a failed or cancelled start and a
+server found dead by ``poll()`` all ``DELETE`` the workspace, so its GPUs free at once.
+
+A request without GPUs (``gpus: 0``) does not go through the scheduler; the server starts with
+``CUDA_VISIBLE_DEVICES=""`` so it cannot touch GPUs that belong to others.
+
+Nothing in this module depends on the local process spawner.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from typing import Any, AsyncIterator
+from urllib.parse import quote, urlencode
+
+from jupyterhub.spawner import Spawner, SpawnException
+from jupyterhub.utils import url_path_join
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+
+from . import form as gpuform
+from .form import GPURequest, OptionError
+
+DEFAULT_SERVICE_URL = "http://127.0.0.1:10101/services/gpupool/"
+
+
+def _human_duration(seconds: float) -> str:
+    if seconds >= 120:
+        minutes = seconds / 60
+        return f"{minutes:.0f} minutes" if abs(minutes - round(minutes)) < 0.05 else f"{minutes:.1f} minutes"
+    return f"{seconds:.0f} seconds" if seconds >= 2 else f"{seconds:.1f} seconds"
+
+
+class GPUPoolError(Exception):
+    """A call to the gpupool service failed; ``status`` is the HTTP status (0: not reachable)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+class GPUPoolSpawnerMixin(Spawner):
+    """Admission through the gpupool scheduler before the real spawner starts the server."""
+
+    # ---- where the service is -------------------------------------------------------------
+    gpupool_url = Unicode(
+        help="""URL of the gpupool service (its prefix, e.g. http://127.0.0.1:10101/services/gpupool/);
+        the API is under api/v1/ there. Default: $GPUPOOL_SERVICE_URL, else the service's default
+        address from c.GPUPool.port / c.GPUPool.service_name.""",
+    ).tag(config=True)
+
+    def _pool_config(self, name: str, fallback: Any) -> Any:
+        """A ``c.GPUPool`` setting from the hub's config (the service registration), if set."""
+        try:
+            section = self.config.get("GPUPool") or {}
+            return section.get(name, fallback) if hasattr(section, "get") else fallback
+        except Exception:
+            return fallback
+
+    @default("gpupool_url")
+    def _default_gpupool_url(self) -> str:
+        env = os.environ.get("GPUPOOL_SERVICE_URL")
+        if env:
+            return env
+        port = self._pool_config("port", 10101)
+        name = self._pool_config("service_name", "gpupool")
+        return f"http://127.0.0.1:{port}/services/{name}/"
+
+    gpupool_token = Unicode(
+        help="""API token the spawner uses for the gpupool service; it needs the
+        custom:gpupool:admin scope (the spawner acts for every user). Default: $GPUPOOL_API_TOKEN,
+        else c.GPUPool.api_token (the service's own token, which configure(c) sets).""",
+    ).tag(config=True)
+
+    @default("gpupool_token")
+    def _default_gpupool_token(self) -> str:
+        return os.environ.get("GPUPOOL_API_TOKEN") or self._pool_config("api_token", "") or ""
+
+    gpupool_request_timeout = Float(
+        15.0, help="Seconds one HTTP call to the gpupool service may take before it counts as failed.",
+    ).tag(config=True)
+
+    # ---- admission ------------------------------------------------------------------------
+    admission_timeout = Float(
+        600.0,
+        help="""Seconds a server start may wait in the queue for its GPUs. When it expires the queued
+        request is withdrawn and the user gets a message saying where it was in the queue.
+        0 = wait as long as the hub lets the start run (Spawner.start_timeout; see
+        admission_start_reserve). Unless you set Spawner.start_timeout yourself, it defaults to
+        admission_timeout + admission_start_reserve, so the hub never times out a queued start
+        silently.""",
+    ).tag(config=True)
+
+    admission_start_reserve = Float(
+        120.0,
+        help="""Seconds of Spawner.start_timeout kept for starting the server once GPUs are granted.
+        The admission wait is capped at start_timeout minus this (at least half of start_timeout).""",
+    ).tag(config=True)
+
+    admission_poll_interval = Float(
+        0.5, help="Seconds between polls of the workspace's admission state while it is queued.",
+    ).tag(config=True)
+
+    @default("start_timeout")
+    def _default_start_timeout(self) -> int:
+        if self.admission_timeout <= 0:
+            return 7 * 24 * 3600  # "wait forever": a week, the hub needs a number
+        return int(math.ceil(self.admission_timeout + self.admission_start_reserve))
+
+    # ---- what users may ask for -----------------------------------------------------------
+    gpu_fractions = List(
+        Float(), [0.25, 0.5],
+        help="Fractions of one GPU offered to users (form choices; other fractions are refused).",
+    ).tag(config=True)
+
+    max_gpus = Integer(
+        0,
+        help="""Most whole GPUs one workspace may ask for. 0 = the largest node's GPU count
+        (from the service's GET nodes; 8 if the service does not say).""",
+    ).tag(config=True)
+
+    default_gpus = Float(
+        0.0, help="GPUs for a start without user_options (e.g. the REST API with no body).",
+    ).tag(config=True)
+
+    default_preemptible = Bool(
+        False,
+        help="""Whether a workspace is preemptible unless the user says otherwise. Workspaces are
+        non-preemptible (they run within the queue's deserved quota) by default.""",
+    ).tag(config=True)
+
+    extra_user_options = List(
+        Unicode(),
+        help="""user_options fields besides gpus, gpu_memory, queue, preemptible that are allowed
+        (for a subclass or an apply_user_options hook that handles them, e.g. an image choice).
+        Any other field is refused with 400.""",
+    ).tag(config=True)
+
+    hide_gpus_without_allocation = Bool(
+        True,
+        help="""Start servers that asked for no GPU with CUDA_VISIBLE_DEVICES="" so they cannot use
+        GPUs that the scheduler gave to others.""",
+    ).tag(config=True)
+
+    gpupool_form_note = Unicode(
+        "", help="A sentence shown at the top of the GPU options form (e.g. where to find help).",
+    ).tag(config=True)
+
+    # ---- state ----------------------------------------------------------------------------
+    gpu_request: GPURequest | None = None  # set from user_options before start()
+    gpu_env = Dict(help="Environment granted by the scheduler for the current server (read-only).")
+    gpu_allocation = List(help="The scheduler's allocation for the current server (read-only).")
+    gpupool_workspace = Unicode(
+        "", help="Workspace path (user[/server]) held in the gpupool service; kept in the hub's state.",
+    )
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_gpu_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return gpuform.options_from_form
+
+    # ---- HTTP to the service --------------------------------------------------------------
+    def _api_url(self, path: str, query: dict | None = None) -> str:
+        url = url_path_join(self.gpupool_url, "api/v1", path)
+        return url + ("?" + urlencode(query) if query else "")
+
+    async def _gpupool(self, method: str, path: str, body: Any = None, query: dict | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if self.gpupool_token:
+            headers["Authorization"] = f"token {self.gpupool_token}"
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        req = HTTPRequest(self._api_url(path, query), method=method, headers=headers,
+                          body=json.dumps(body) if body is not None else None,
+                          allow_nonstandard_methods=True,
+                          request_timeout=self.gpupool_request_timeout,
+                          connect_timeout=self.gpupool_request_timeout)
+        try:
+            resp = await AsyncHTTPClient().fetch(req, raise_error=False)
+        except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
+            raise GPUPoolError(0, f"the GPU scheduler (gpupool service at {self.gpupool_url}) is not "
+                                  f"reachable: {e}") from None
+        if resp.code == 599:  # tornado: connection failed / timed out
+            raise GPUPoolError(0, f"the GPU scheduler (gpupool service at {self.gpupool_url}) is not "
+                                  f"reachable: {resp.error}")
+        text = resp.body.decode("utf-8", "replace") if resp.body else ""
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = None
+        if resp.code >= 400:
+            message, field = text.strip()[:300] or resp.reason, None
+            if isinstance(data, dict):
+                message = str(data.get("message") or message)
+                field = data.get("field")
+            raise GPUPoolError(resp.code, message, field)
+        return data
+
+    def _workspace_path(self) -> str:
+        path = "workspaces/" + quote(self.user.name, safe="")
+        if self.name:
+            path += "/" + quote(self.name, safe="")
+        return path
+
+    # ---- what the user may choose -----------------------------------------------------------
+    async def gpupool_queues(self) -> list[dict]:
+        """Queues (``GET queues``) this user may submit to, in the service's order."""
+        data = await self._gpupool("GET", "queues", query={"user": self.user.name})
+        queues = (data or {}).get("queues", []) if isinstance(data, dict) else []
+        return [q for q in queues if q.get("may_submit")]
+
+    async def gpupool_nodes(self) -> list[dict]:
+        data = await self._gpupool("GET", "nodes")
+        return (data or {}).get("nodes", []) if isinstance(data, dict) else []
+
+    def _limits_from_nodes(self, nodes: list[dict]) -> tuple[int, int, str]:
+        max_gpus = self.max_gpus
+        if not max_gpus:
+            counts = [len(n.get("gpus") or []) for n in nodes if n.get("schedulable", True)]
+            max_gpus = max(counts) if counts and max(counts) > 0 else 8
+        mems = [int(n.get("gpu_memory") or 0) for n in nodes]
+        models = sorted({n.get("gpu_model") or "" for n in nodes} - {""})
+        return max_gpus, max(mems) if mems else 0, "/".join(models)
+
+    async def _render_gpu_form(self, spawner: Spawner | None = None) -> str:
+        try:
+            queues = await self.gpupool_queues()
+            nodes = await self.gpupool_nodes()
+        except GPUPoolError as e:
+            self.log.error("gpupool: cannot build the options form for %s: %s", self._log_name, e.message)
+            return ('<div class="alert alert-danger" id="gpupool-unavailable">The GPU scheduler is not '
+                    'answering right now, so GPU workspaces cannot start. Please try again in a minute or '
+                    'tell your admin.</div>')
+        max_gpus, memory, model = self._limits_from_nodes(nodes)
+        defaults = self.orm_spawner.user_options if getattr(self, "orm_spawner", None) else None
+        return gpuform.render_form(queues=queues, fractions=self.gpu_fractions, max_gpus=max_gpus,
+                                   gpu_memory=memory, gpu_model=model, defaults=defaults or {},
+                                   note=self.gpupool_form_note)
+
+    async def validate_gpu_options(self, user_options: dict) -> GPURequest:
+        """``user_options`` -> GPURequest, or SpawnException(400) naming the field."""
+        try:
+            nodes = await self.gpupool_nodes()
+            queues = [q["name"] for q in await self.gpupool_queues()]
+        except GPUPoolError as e:
+            raise SpawnException(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
+                                 reason="gpupool-unavailable", status_code=503) from None
+        max_gpus, memory, _ = self._limits_from_nodes(nodes)
+        try:
+            return gpuform.parse_user_options(
+                user_options, fractions=self.gpu_fractions, max_gpus=max_gpus, max_gpu_memory=memory,
+                queues=queues, default_gpus=self.default_gpus, default_preemptible=self.default_preemptible,
+                extra_fields=self.extra_user_options)
+        except OptionError as e:
+            raise SpawnException(f"Invalid option {e.field}: {e.message}", reason="invalid-options",
+                                 status_code=400) from None
+
+    async def _run_apply_user_options(self, user_options):
+        # Validate first (a clean 400 naming the field), then the admin's apply_user_options hook.
+        self.gpu_request = await self.validate_gpu_options(user_options or {})
+        return await super()._run_apply_user_options(user_options)
+
+    # ---- progress -------------------------------------------------------------------------
+    def _progress_reset(self) -> None:
+        self._progress_events: list[dict] = []
+        self._progress_done = False
+        self._progress_failed = False
+        self._progress_changed = asyncio.Event()
+
+    def _progress_push(self, message: str, progress: int | None = None, done: bool = False) -> None:
+        if not hasattr(self, "_progress_events"):
+            self._progress_reset()
+        events = self._progress_events
+        if message and (not events or events[-1].get("message") != message):
+            event: dict[str, Any] = {"message": message}
+            if progress is not None:
+                event["progress"] = progress
+            events.append(event)
+        if done:
+            self._progress_done = True
+        changed, self._progress_changed = self._progress_changed, asyncio.Event()
+        changed.set()
+
+    async def progress(self) -> AsyncIterator[dict]:
+        """Admission events (queue position and reason) until the GPUs are granted, then the
+        wrapped spawner's own events."""
+        if not hasattr(self, "_progress_events"):
+            self._progress_reset()
+        sent = 0
+        while True:
+            changed = self._progress_changed
+            while sent < len(self._progress_events):
+                yield self._progress_events[sent]
+                sent += 1
+            if self._progress_done:
+                break
+            await changed.wait()
+        if self._progress_failed:
+            return
+        async for event in super().progress():
+            yield event
+
+    # ---- admission ------------------------------------------------------------------------
+    def _admission_limit(self) -> float:
+        limit = self.admission_timeout if self.admission_timeout > 0 else math.inf
+        cap = max(self.start_timeout - self.admission_start_reserve, self.start_timeout / 2)
+        if cap < limit:
+            if self.admission_timeout > 0:
+                self.log.warning("gpupool: admission_timeout %ss is capped at %ss by Spawner.start_timeout %ss",
+                                 self.admission_timeout, cap, self.start_timeout)
+            limit = cap
+        return limit
+
+    def _timeout_message(self, ws: dict, waited: float) -> str:
+        queue = ws.get("queue") or (self.gpu_request.queue if self.gpu_request else None) or "its queue"
+        reason = (ws.get("reason") or "").strip()
+        prefix = f"queued in {queue}: "
+        detail = reason[len(prefix):] if reason.lower().startswith(prefix.lower()) else reason
+        if not detail and ws.get("position"):
+            detail = f"position {ws['position']}"
+        if ws.get("position") and "position" not in detail:
+            detail = f"position {ws['position']}, {detail}" if detail else f"position {ws['position']}"
+        detail = detail.rstrip(".")
+        return (f"Still queued in {queue} after {_human_duration(waited)}"
+                + (f": {detail}" if detail else "")
+                + ". Try a smaller request or ask your admin.")
+
+    async def admit(self, request: GPURequest) -> dict:
+        """Ask for the GPUs and wait until they are granted; returns the running workspace."""
+        path = self._workspace_path()
+        started = time.monotonic()
+        limit = self._admission_limit()
+        self._progress_push(f"Asking the GPU scheduler for {request.describe()}"
+                            + (f" in queue {request.queue}" if request.queue else ""), 5)
+        try:
+            ws = await self._gpupool("POST", path, body=request.body(self.name))
+        except GPUPoolError as e:
+            if 400 <= e.status < 500 and e.status not in (401,):
+                field = f"{e.field}: " if e.field else ""
+                raise SpawnException(f"The GPU scheduler refused the request: {field}{e.message}",
+                                     reason="gpupool-refused", status_code=e.status) from None
+            raise SpawnException(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
+                                 reason="gpupool-unavailable", status_code=503) from None
+        self.gpupool_workspace = path
+        while True:
+            status = (ws or {}).get("status")
+            if status == "running":
+                return ws
+            if status in ("failed", "cancelled", "rejected", "stopped"):
+                raise SpawnException(f"The GPU scheduler did not admit this server: "
+                                     f"{ws.get('reason') or status}", reason="gpupool-" + status)
+            reason = ws.get("reason") or ("waiting for the GPU scheduler" if status != "starting"
+                                          else "GPUs granted, starting")
+            self._progress_push(reason[0].upper() + reason[1:], 10)
+            waited = time.monotonic() - started
+            if waited >= limit:
+                raise SpawnException(self._timeout_message(ws, waited), reason="gpupool-admission-timeout",
+                                     status_code=503)
+            await asyncio.sleep(min(self.admission_poll_interval, max(limit - waited, 0.01)))
+            try:
+                ws = await self._gpupool("GET", path)
+            except GPUPoolError as e:
+                if e.status == 404:
+                    raise SpawnException("The workspace request was withdrawn while it waited "
+                                         "(an admin cancelled it, or the scheduler restarted). Please start again.",
+                                         reason="gpupool-withdrawn") from None
+                if e.status == 0 or e.status >= 500:  # transient: keep waiting, say so
+                    self.log.warning("gpupool: polling %s failed: %s", path, e.message)
+                    ws = {**ws, "reason": "the GPU scheduler is not answering; still waiting"}
+                    continue
+                raise SpawnException(f"The GPU scheduler refused the request: {e.message}",
+                                     reason="gpupool-refused", status_code=e.status) from None
+            if isinstance(ws, dict) and isinstance(ws.get("workspaces"), list):  # list form of the answer
+                ws = next((w for w in ws["workspaces"] if w.get("server", "") == self.name), {})
+
+    def apply_allocation(self, workspace: dict) -> None:
+        """Take the granted workspace: its ``env`` and ``allocation``. A subclass that places the
+        server itself (e.g. on the allocated node) extends this."""
+        env = workspace.get("env") or {}
+        self.gpu_env = {str(k): str(v) for k, v in env.items()}
+        self.gpu_allocation = list(workspace.get("allocation") or [])
+        if "CUDA_VISIBLE_DEVICES" not in self.gpu_env:
+            gpus = [str(g) for a in self.gpu_allocation for g in a.get("gpus", [])]
+            if gpus:
+                self.gpu_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+
+    async def release(self) -> None:
+        """DELETE the workspace (frees its GPUs or withdraws its queued request); idempotent."""
+        path = self.gpupool_workspace
+        if not path:
+            return
+        try:
+            await self._gpupool("DELETE", path)
+        except GPUPoolError as e:
+            if e.status != 404:
+                self.log.error("gpupool: could not release %s: %s (the service frees it when it "
+                               "notices the server is gone)", path, e.message)
+                return
+        self.log.info("gpupool: released workspace %s", path)
+        self.gpupool_workspace = ""
+        self.gpu_env = {}
+        self.gpu_allocation = []
+
+    def get_env(self) -> dict:
+        env = super().get_env()
+        if self.gpu_env:
+            env.update(self.gpu_env)
+        elif self.hide_gpus_without_allocation:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    async def start(self):
+        self._progress_reset()
+        if self.gpu_request is None:  # a hub older than 5.3 does not call _run_apply_user_options
+            self.gpu_request = await self.validate_gpu_options(self.user_options or {})
+        request = self.gpu_request
+        self.gpu_env, self.gpu_allocation = {}, []
+        try:
+            if request.wants_gpu:
+                ws = await self.admit(request)
+                self.apply_allocation(ws)
+                where = ", ".join(f"{a.get('node')} GPU {','.join(str(g) for g in a.get('gpus', []))}"
+                                  + (f" ({a['fraction']:g})" if a.get("fraction", 1) not in (1, 1.0) else "")
+                                  for a in self.gpu_allocation)
+                self._progress_push(f"GPUs granted ({where or request.describe()}); starting the server", 40,
+                                    done=True)
+            else:
+                self._progress_push("No GPU requested; starting the server", 40, done=True)
+            return await super().start()
+        except BaseException:  # includes the hub cancelling a start (timeout, user clicked cancel)
+            self._progress_failed = True
+            self._progress_push("", done=True)
+            await asyncio.shield(self.release())
+            raise
+        finally:
+            self.gpu_request = None
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await self.release()
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None and self.gpupool_workspace:
+            await self.release()  # the server died: free its GPUs now
+        return status
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.gpupool_workspace:
+            state["gpupool_workspace"] = self.gpupool_workspace
+            state["gpupool_env"] = dict(self.gpu_env)
+            state["gpupool_allocation"] = list(self.gpu_allocation)
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.gpupool_workspace = state.get("gpupool_workspace", "")
+        self.gpu_env = state.get("gpupool_env", {}) or {}
+        self.gpu_allocation = state.get("gpupool_allocation", []) or []
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        # gpupool_workspace is kept until release() succeeds, so a failed DELETE is retried by stop()
