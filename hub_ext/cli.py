@@ -60,6 +60,15 @@ def find_proxy(cwd: Path | None = None) -> str | None:
     return None
 
 
+def _local(ip: str) -> str:
+    """An address to reach a server listening on ``ip`` from this machine."""
+    if ip in ("", "0.0.0.0", "*"):
+        return "127.0.0.1"
+    if ip == "::":
+        return "[::1]"
+    return f"[{ip}]" if ":" in ip else ip
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"gpupool hub: {message}", file=sys.stderr)
     return code
@@ -70,14 +79,11 @@ def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> bool:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        try:
+        try:  # through the proxy: 200 only once the hub's route is in place and the hub answers
             with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status < 500:
+                if resp.status == 200:
                     return True
-        except urllib.error.HTTPError as e:
-            if e.code < 500:
-                return True
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # includes HTTPError (404 until the hub's route exists)
             pass
         time.sleep(0.3)
     return False
@@ -147,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ip is not None:
             cmd += ["--ip", args.ip]
         ip, port = args.ip or "127.0.0.1", args.port or 8000
-        return _run_hub(cmd, Path.cwd(), env, f"http://{ip if ip not in ('', '0.0.0.0') else '127.0.0.1'}:{port}/hub/health",
+        return _run_hub(cmd, Path.cwd(), env, f"http://{_local(ip)}:{port}/hub/health",
                         f"\ngpupool hub is up: http://{ip}:{port}/\n")
 
     from . import demo_config
@@ -170,4 +176,4 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot write the demo into {root}: {e}")
     print(f"gpupool hub: demo config written to {config}", flush=True)
     return _run_hub([jupyterhub, "-f", str(config)], config.parent, env,
-                    f"http://127.0.0.1:{opts.port}/hub/health", demo_config.banner(opts))
+                    f"http://{_local(opts.ip)}:{opts.port}/hub/health", demo_config.banner(opts))
