@@ -213,6 +213,7 @@ class Engine:
         self.end_time = 0.0
         self.end_reason = ""
         self.actions_ms: dict[str, list[float]] = {}
+        self.violations: list[str] = []  # broken promises of the scheduler (see check_invariants)
         self._heap: list[tuple] = []
         self._seq = 0
         self._active: list[SimWorkload] = []  # submitted, not ended, in submit order
@@ -390,6 +391,7 @@ class Engine:
                 sw.position = result.positions.get(sw.name, sw.position)
         self._accumulate_fair(t)
         self._fair_now = {q: float(result.fair_share.get(q, {}).get("gpu", 0.0)) for q in self._fair_now}
+        self.violations.extend(f"t={t:g}: {v}" for v in self.check_invariants())
         record = CycleRecord(t, result, ms)
         if self.keep_cycles:
             self.records.append(record)
@@ -397,6 +399,51 @@ class Engine:
         if self.on_cycle is not None:
             self.on_cycle(self, record)
         return bool(result.binds or result.evictions)
+
+    def check_invariants(self) -> list[str]:
+        """What the scheduler promises at every moment, checked on the placements themselves:
+        no GPU above 1000 milli, no node above its CPU/memory, every gang whole, no queue above its
+        limit, no queue's non-preemptible workloads above its deserved quota."""
+        out: list[str] = []
+        gpu_use: dict[tuple[str, int], int] = {}
+        cpu_use: dict[str, float] = {}
+        mem_use: dict[str, int] = {}
+        leaf = {q: 0.0 for q in self.scenario.leaves}
+        fixed = {q: 0.0 for q in self.scenario.leaves}
+        for sw in self._active:
+            if sw.state not in ("running", "releasing"):
+                continue
+            w = sw.w
+            if len(w.placements) != w.pods or len({p.pod for p in w.placements}) != w.pods:
+                out.append(f"{w.id}: gang of {w.pods} pods holds {len(w.placements)} placements")
+            share = 0.0
+            for p in w.placements:
+                for g in p.gpus:
+                    gpu_use[(p.node, g)] = gpu_use.get((p.node, g), 0) + p.milli
+                cpu_use[p.node] = cpu_use.get(p.node, 0.0) + w.cpu
+                mem_use[p.node] = mem_use.get(p.node, 0) + w.memory
+                share += len(p.gpus) * p.fraction
+            leaf[w.queue] += share
+            if not w.preemptible:
+                fixed[w.queue] += share
+        for (node, g), milli in sorted(gpu_use.items()):
+            if milli > MILLI:
+                out.append(f"GPU {g} of {node} holds {milli} milli-GPU (more than one GPU)")
+        for name, used in sorted(cpu_use.items()):
+            n = self.node_names[name]
+            if n.cpu is not None and used > n.cpu + EPS:
+                out.append(f"node {name} holds {used:g} cores of {n.cpu:g}")
+            if n.memory is not None and mem_use[name] > n.memory:
+                out.append(f"node {name} holds {mem_use[name]} bytes of memory of {n.memory}")
+        total = self._roll_up(leaf)
+        for q in self.scenario.queues:
+            lim = q.limit.get("gpu")
+            if lim is not None and total[q.name] > lim + EPS:
+                out.append(f"queue {q.name} holds {total[q.name]:g} GPUs, above its limit {lim:g}")
+            if q.name in fixed and fixed[q.name] > q.deserved.get("gpu", 0.0) + EPS:
+                out.append(f"queue {q.name}'s non-preemptible workloads hold {fixed[q.name]:g} GPUs, "
+                           f"above its deserved {q.deserved.get('gpu', 0.0):g}")
+        return out
 
     def allocated_by_queue(self) -> dict[str, float]:
         """GPUs held right now per queue, departments summing their children."""

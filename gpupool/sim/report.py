@@ -116,11 +116,14 @@ def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float 
             "finished": sum(1 for s in sims if s.finished_at is not None),
             "rejected": sum(1 for s in sims if s.rejected is not None),
             "end": engine.end_reason,
+            "invariant_violations": len(engine.violations),
         },
         "queues": queues,
         "workloads": workloads,
         "events": events,
     }
+    if engine.violations:
+        report["violations"] = engine.violations[:100]
     if timeline:
         report["timeline"] = engine.timeline
     timing = {"wall_seconds": round(wall_seconds, 3), "cycle_ms": _timing_stats(engine.cycle_ms)}
@@ -194,6 +197,10 @@ def format_summary(report: dict) -> str:
             lines.append(f"  {w['name']} ({w['queue']}): {why}")
         if len(odd) > 20:
             lines.append(f"  ... and {len(odd) - 20} more (see --json)")
+        lines.append("")
+    if report.get("violations"):
+        lines.append(f"SCHEDULER BROKE ITS PROMISES {m['invariant_violations']} times (a bug; please report it):")
+        lines += [f"  {v}" for v in report["violations"][:10]]
         lines.append("")
     c = report["timing"]["cycle_ms"]
     lines.append(f"Scheduler decision time per cycle: p50 {c['p50']:.2f} ms, p95 {c['p95']:.2f} ms, max {c['max']:.2f} ms "
