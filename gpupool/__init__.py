@@ -23,7 +23,8 @@ _CLIENT = (
     "submit", "sweep", "uniform",
 )
 _WIDGETS = ("dashboard", "QueueView", "GPUView", "JobView", "SweepView", "JobsView")
-_LAZY = {**{n: "gpupool.client" for n in _CLIENT}, **{n: "gpupool.widgets" for n in _WIDGETS}}
+_LAZY = {**{n: "gpupool.client" for n in _CLIENT}, **{n: "gpupool.widgets" for n in _WIDGETS},
+         "jobs": "gpupool.client.jobs", "sweep": "gpupool.client.sweep"}
 
 __all__ = ["__version__", *_LAZY]
 

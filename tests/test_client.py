@@ -1,0 +1,146 @@
+"""The Python client: configuration discovery, error mapping, log_metric, and jobs against the real hub."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import warnings
+
+import pytest
+import requests
+
+import gpupool
+from gpupool.client import api, config
+from gpupool.client.jobs import build_body, metrics_of
+
+
+def _dead_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return port
+
+
+# -- pure ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("given, expected", [
+    ("http://hub:8000", "http://hub:8000/services/gpupool/api/v1/"),
+    ("http://hub:8000/", "http://hub:8000/services/gpupool/api/v1/"),
+    ("https://hub.example.org/jhub/hub/", "https://hub.example.org/jhub/services/gpupool/api/v1/"),
+    ("http://127.0.0.1:8081/hub/api", "http://127.0.0.1:8081/services/gpupool/api/v1/"),
+    ("http://127.0.0.1:10101/services/gpupool/", "http://127.0.0.1:10101/services/gpupool/api/v1/"),
+    ("http://x/services/gpupool/api/v1", "http://x/services/gpupool/api/v1/"),
+    ("hub:8000", "http://hub:8000/services/gpupool/api/v1/"),
+])
+def test_api_base_normalises_hub_service_and_api_urls(given, expected):
+    assert config.api_base(given) == expected
+
+
+def test_resolution_order(tmp_path, monkeypatch):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"url": "http://from-file:1", "token": "file-token"}))
+    env = {"GPUPOOL_CONFIG": str(cfg)}
+    monkeypatch.setenv("GPUPOOL_CONFIG", str(cfg))
+    c = config.resolve(env=env)
+    assert (c.url, c.token) == ("http://from-file:1/services/gpupool/api/v1/", "file-token")
+    assert c.url_source == str(cfg)
+    env.update(GPUPOOL_URL="http://from-env:2", GPUPOOL_TOKEN="env-token")
+    c = config.resolve(env=env)
+    assert (c.url, c.token, c.url_source) == ("http://from-env:2/services/gpupool/api/v1/", "env-token", "GPUPOOL_URL")
+    c = config.resolve(url="http://arg:3/", token="arg-token", env=env)
+    assert (c.url, c.token, c.token_source) == ("http://arg:3/services/gpupool/api/v1/", "arg-token", "argument")
+
+
+def test_single_user_server_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUPOOL_CONFIG", str(tmp_path / "absent.json"))
+    env = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/jhub/hub/api", "JUPYTERHUB_BASE_URL": "/jhub/",
+           "JUPYTERHUB_API_TOKEN": "server-token", "JUPYTERHUB_SERVICE_PREFIX": "/jhub/user/alice/"}
+    c = config.resolve(env=env)
+    assert c.url == "http://127.0.0.1:8081/jhub/services/gpupool/api/v1/"
+    assert c.token == "server-token" and c.token_source == "JUPYTERHUB_API_TOKEN"
+    env["JUPYTERHUB_PUBLIC_HUB_URL"] = "https://hub.example.org/jhub/hub/"
+    assert config.resolve(env=env).url == "https://hub.example.org/jhub/services/gpupool/api/v1/"
+    # inside a job the service's own URL/token win over the server's
+    env.update(GPUPOOL_API_URL="http://127.0.0.1:10101/services/gpupool/api/v1/", GPUPOOL_API_TOKEN="job-token")
+    c = config.resolve(env=env)
+    assert (c.url, c.token) == ("http://127.0.0.1:10101/services/gpupool/api/v1/", "job-token")
+
+
+def test_no_configuration_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUPOOL_CONFIG", str(tmp_path / "absent.json"))
+    with pytest.raises(config.ConfigError, match="gpupool.connect"):
+        config.resolve(env={})
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    monkeypatch.setenv("GPUPOOL_CONFIG", str(bad))
+    with pytest.raises(config.ConfigError, match="bad.json is not valid JSON"):
+        config.resolve(env={})
+
+
+def test_connection_refused_names_the_url():
+    port = _dead_port()
+    with pytest.raises(gpupool.ConnectionFailed) as e:
+        gpupool.connect(url=f"http://127.0.0.1:{port}", token="t")
+    assert f"127.0.0.1:{port}" in str(e.value) and "connection refused" in str(e.value)
+    assert isinstance(e.value, gpupool.GPUPoolError)
+
+
+def _response(status: int, body, url="http://h/services/gpupool/api/v1/jobs") -> requests.Response:
+    r = requests.Response()
+    r.status_code = status
+    r.url = url
+    r._content = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    r.headers["Content-Type"] = "application/json"
+    return r
+
+
+def test_error_mapping_keeps_message_and_field():
+    e = api.error_from_response(_response(400, {"status": 400, "message": "gpus: must be > 0", "field": "gpus"}))
+    assert isinstance(e, gpupool.BadRequest) and e.field == "gpus" and str(e) == "gpus: must be > 0"
+    e = api.error_from_response(_response(403, {"status": 403, "message": "queue vision: exceeds its limit of 4 GPU"}))
+    assert isinstance(e, gpupool.QuotaError) and isinstance(e, gpupool.Forbidden)
+    assert isinstance(api.error_from_response(_response(404, {"message": "no job j-9"})), gpupool.NotFound)
+    assert isinstance(api.error_from_response(_response(401, {"message": "unauthorized"})), gpupool.Unauthorized)
+    e = api.error_from_response(_response(502, b"<html>bad gateway</html>"))
+    assert isinstance(e, gpupool.ServiceError) and "<html>" not in str(e)
+
+
+def test_build_body_validates_locally():
+    with pytest.raises(gpupool.GPUPoolError, match="exactly one"):
+        build_body()
+    with pytest.raises(gpupool.GPUPoolError, match="not a .ipynb"):
+        build_body("train.py")
+    body = build_body("sub/train.ipynb", gpus=0.5, parameters={"lr": 1e-3}, queue="vision", kind="train")
+    assert body == {"notebook": "sub/train.ipynb", "parameters": {"lr": 0.001}, "gpus": 0.5, "queue": "vision",
+                    "kind": "train"}
+    nb = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert build_body(notebook_content=nb)["notebook_content"] == nb
+
+
+def test_metrics_of_sorts_by_step():
+    raw = {"loss": [{"step": 2, "value": 0.5, "t": "x"}, {"step": 1, "value": 0.9}]}
+    assert metrics_of(raw) == {"loss": [(1, 0.9), (2, 0.5)]}
+
+
+def test_log_metric_outside_a_job_warns_and_noops(monkeypatch):
+    from gpupool.client import metrics
+    monkeypatch.delenv("GPUPOOL_JOB_ID", raising=False)
+    monkeypatch.setattr(metrics, "_warned_outside", False)
+    with pytest.warns(RuntimeWarning, match="not running inside a gpupool job"):
+        assert gpupool.log_metric("val_acc", 0.5, step=1) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gpupool.log_metric("val_acc", 0.6) is False  # warned once only
+    with pytest.raises(TypeError, match="must be a number"):
+        gpupool.log_metric("val_acc", "high")
+
+
+def test_import_gpupool_scheduler_stays_cheap():
+    code = ("import sys, gpupool.scheduler, gpupool; "
+            "heavy = [m for m in ('requests', 'optuna', 'ipywidgets', 'gpupool.client') if m in sys.modules]; "
+            "assert not heavy, heavy; gpupool.submit; assert 'gpupool.client' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- against the real hub ------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""Widgets: rendering is a pure function of the service's data; views refresh live and stop cleanly."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from gpupool.widgets import render
+
+QUEUES = [
+    {"name": "vision", "parent": None, "deserved": {"gpu": 2}, "limit": {"gpu": 4}, "over_quota_weight": 1,
+     "priority": 0, "fair_share": {"gpu": 2.5}, "allocated": {"gpu": 3}, "running": 2, "pending": 1,
+     "users": ["alice"], "groups": [], "may_submit": True},
+    {"name": "nlp", "parent": None, "deserved": {"gpu": 2}, "limit": None, "fair_share": {"gpu": 1.5},
+     "allocated": {"gpu": 0.5}, "running": 1, "pending": 0, "users": ["bob"], "may_submit": False},
+]
+NODES = [{"name": "box", "gpu_model": "A100", "gpu_memory": 24 * 2**30, "schedulable": True, "gpus": [
+    {"index": 0, "uuid": "GPU-0", "allocated": 0.75, "utilization": 37.0, "memory_used": 2**30,
+     "memory_total": 24 * 2**30, "allocations": [
+         {"workload": "j-000001", "kind": "train", "user": "alice", "fraction": 0.5},
+         {"workload": "j-000002", "kind": "hpo-trial", "user": "bob", "fraction": 0.25}]},
+    {"index": 1, "uuid": "GPU-1", "allocated": 0, "utilization": None, "memory_used": None,
+     "memory_total": None, "allocations": []}]}]
+JOBS = [{"id": "j-000001", "name": "train", "user": "alice", "queue": "vision", "status": "running",
+         "reason": "running on box GPU 0 (0.5)", "gpus": 0.5},
+        {"id": "j-000003", "name": "train", "user": "alice", "queue": "vision", "status": "queued",
+         "reason": "queued in vision: position 1, waiting for 1 GPU", "gpus": 1}]
+
+
+def _width(html: str, cls: str, attr: str, key: str) -> float:
+    m = re.search(rf'class="{cls}"[^>]*{attr}="{re.escape(key)}"[^>]*width:([0-9.]+)%', html)
+    assert m, (cls, key)
+    return float(m.group(1))
+
+
+def test_queue_rows_and_bars_are_a_function_of_the_data():
+    rows = {r["name"]: r for r in render.queue_rows(QUEUES, JOBS, "alice")}
+    assert rows["vision"]["allocated"] == 3 and rows["vision"]["deserved"] == 2 and rows["vision"]["fair_share"] == 2.5
+    assert (rows["vision"]["my_running"], rows["vision"]["my_queued"]) == (1, 1)
+    assert (rows["nlp"]["my_running"], rows["nlp"]["my_queued"]) == (0, 0)
+    html = render.queues_html(QUEUES, JOBS, "alice")
+    # scale = the largest number drawn (the vision limit, 4 GPUs): allocated 3 -> 75 %, deserved 2 -> 50 %
+    assert 'data-queue="vision"' in html and "75.0%" in html
+    assert re.search(r'gpupool-bar-deserved" data-value="2".*?left:50.0%', html)
+    assert re.search(r'gpupool-bar-fairshare" data-value="2.5".*?left:62.5%', html)
+    assert "1 pending" in html and 'data-own="vision"' in html and "you: 1 running, 1 queued" in html
+    assert 'data-own="nlp"' not in html
+    assert render.queues_html(QUEUES, JOBS, "alice") == html  # pure
+
+
+def test_gpu_bars_show_fractions_by_user_and_live_readings():
+    html = render.gpus_html(NODES, user="alice")
+    assert _width(html, "gpupool-alloc", "data-workload", "j-000001") == 50.0
+    assert _width(html, "gpupool-alloc", "data-workload", "j-000002") == 25.0
+    assert re.search(r'data-workload="j-000001" data-user="alice" data-fraction="0.5" data-own="true"', html)
+    assert re.search(r'data-workload="j-000002" data-user="bob" data-fraction="0.25" data-own="false"', html)
+    assert 'class="gpupool-free" data-fraction="0.25"' in html and 'data-fraction="1"' in html  # GPU 1 idle
+    assert "37%" in html and "1Gi/24Gi" in html and "A100" in html
+
+
+def test_job_and_sweep_rendering():
+    job = {**JOBS[1], "metrics": {"val_acc": [{"step": 1, "value": 0.5}, {"step": 2, "value": 0.7}]}}
+    html = render.job_html(job, log_tail="Executing cell 1")
+    assert 'data-status="queued"' in html and "position 1, waiting for 1 GPU" in html
+    assert 'data-metric="val_acc"' in html and "<polyline" in html and "Executing cell 1" in html
+    summary = {"name": "lr", "status": "running", "objective": "val_acc", "direction": "maximize", "total": 4,
+               "done": 2, "counts": {"complete": 1, "pruned": 1, "failed": 0, "running": 1},
+               "best": {"number": 0, "value": 0.9, "params": {"lr": 0.01}, "job_id": "j-000010"},
+               "trials": [{"number": 0, "state": "complete", "value": 0.9, "params": {"lr": 0.01}, "job_id": "j-000010",
+                           "status": "succeeded", "reason": "", "curve": [(0, 0.5), (1, 0.9)]},
+                          {"number": 1, "state": "pruned", "value": 0.1, "params": {"lr": 0.1}, "job_id": "j-000011",
+                           "status": "cancelled", "reason": "pruned at step 0", "curve": [(0, 0.1)]},
+                          {"number": 2, "state": "running", "value": None, "params": {"lr": 0.001},
+                           "job_id": "j-000012", "status": "queued", "reason": "queued in vision: position 1",
+                           "curve": []}],
+               "error": None, "problem": None}
+    html = render.sweep_html(summary)
+    assert 'data-done="2" data-total="4"' in html and "val_acc = 0.9" in html
+    assert 'data-trial="2" data-state="queued"' in html and "queued in vision: position 1" in html
+    assert html.count("<polyline") == 2 and 'data-series="0"' in html
+
+
+def test_refresher_thread_stops_on_close():
+    from gpupool.widgets import Refresher
+    calls = []
+    r = Refresher(lambda: calls.append(1), interval=0.05).start()
+    time.sleep(0.3)
+    assert r.running and len(calls) >= 2
+    r.stop()
+    assert not r.running and r.name not in {t.name for t in threading.enumerate()}
+
+
+def test_refresher_survives_errors_and_reports_them():
+    from gpupool.widgets import Refresher
+    errors = []
+
+    def boom():
+        raise RuntimeError("hub down")
+    r = Refresher(boom, interval=0.02, on_error=errors.append).start()
+    deadline = time.time() + 5
+    while not errors and time.time() < deadline:
+        time.sleep(0.02)
+    r.stop()
+    assert errors and "hub down" in str(errors[0]) and not r.running
