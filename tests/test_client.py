@@ -40,8 +40,8 @@ def test_api_base_normalises_hub_service_and_api_urls(given, expected):
 def test_resolution_order(tmp_path, monkeypatch):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"url": "http://from-file:1", "token": "file-token"}))
-    env = {"GPUPOOL_CONFIG": str(cfg)}
-    monkeypatch.setenv("GPUPOOL_CONFIG", str(cfg))
+    env = {"GPUPOOL_CLIENT_CONFIG": str(cfg)}
+    monkeypatch.setenv("GPUPOOL_CLIENT_CONFIG", str(cfg))
     c = config.resolve(env=env)
     assert (c.url, c.token) == ("http://from-file:1/services/gpupool/api/v1/", "file-token")
     assert c.url_source == str(cfg)
@@ -53,7 +53,7 @@ def test_resolution_order(tmp_path, monkeypatch):
 
 
 def test_single_user_server_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("GPUPOOL_CONFIG", str(tmp_path / "absent.json"))
+    monkeypatch.setenv("GPUPOOL_CLIENT_CONFIG", str(tmp_path / "absent.json"))
     env = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/jhub/hub/api", "JUPYTERHUB_BASE_URL": "/jhub/",
            "JUPYTERHUB_API_TOKEN": "server-token", "JUPYTERHUB_SERVICE_PREFIX": "/jhub/user/alice/"}
     c = config.resolve(env=env)
@@ -68,12 +68,12 @@ def test_single_user_server_environment(monkeypatch, tmp_path):
 
 
 def test_no_configuration_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("GPUPOOL_CONFIG", str(tmp_path / "absent.json"))
+    monkeypatch.setenv("GPUPOOL_CLIENT_CONFIG", str(tmp_path / "absent.json"))
     with pytest.raises(config.ConfigError, match="gpupool.connect"):
         config.resolve(env={})
     bad = tmp_path / "bad.json"
     bad.write_text("{nope")
-    monkeypatch.setenv("GPUPOOL_CONFIG", str(bad))
+    monkeypatch.setenv("GPUPOOL_CLIENT_CONFIG", str(bad))
     with pytest.raises(config.ConfigError, match="bad.json is not valid JSON"):
         config.resolve(env={})
 

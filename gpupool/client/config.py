@@ -5,7 +5,7 @@ Resolution order (first hit wins, URL and token resolved independently):
 1. arguments: ``gpupool.connect(url=..., token=...)`` / ``--url`` / ``--token``
 2. environment: ``GPUPOOL_URL`` / ``GPUPOOL_TOKEN``
 3. inside a gpupool job: ``GPUPOOL_API_URL`` / ``GPUPOOL_API_TOKEN`` (set by the service)
-4. the config file: ``$GPUPOOL_CONFIG`` or ``~/.config/gpupool/config.json``
+4. the config file: ``$GPUPOOL_CLIENT_CONFIG`` or ``~/.config/gpupool/config.json``
    (``$XDG_CONFIG_HOME/gpupool/config.json`` when XDG_CONFIG_HOME is set), e.g.
    ``{"url": "https://hub.example.org", "token": "..."}``
 5. inside a JupyterHub single-user server: the hub's public URL
@@ -34,7 +34,7 @@ def service_name() -> str:
 
 def config_path() -> Path:
     """The config file consulted when neither arguments nor environment give a URL/token."""
-    explicit = os.environ.get("GPUPOOL_CONFIG")
+    explicit = os.environ.get("GPUPOOL_CLIENT_CONFIG")
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
