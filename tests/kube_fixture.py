@@ -236,8 +236,15 @@ class FakeKube(kmock.KubernetesEmulator):
                 grace = int(grace)
                 self.deletions.append({"namespace": request.namespace, "name": request.name, "grace": grace,
                                        "labels": dict(obj.get("metadata", {}).get("labels", {}))})
-                if obj["metadata"].get("deletionTimestamp"):
-                    return aiohttp.web.json_response(obj)
+                if obj["metadata"].get("deletionTimestamp"):  # already terminating: a shorter grace wins
+                    if grace <= 0:
+                        raw = await self.remove_object(res, request.namespace, request.name)
+                    elif grace < int(obj["metadata"].get("deletionGracePeriodSeconds", grace)):
+                        raw = await self.patch_object(res, request.namespace, request.name,
+                                                      {"metadata": {"deletionGracePeriodSeconds": grace}})
+                    else:
+                        raw = obj
+                    return aiohttp.web.json_response(raw)
                 if grace <= 0 or not obj.get("spec", {}).get("nodeName"):
                     raw = await self.remove_object(res, request.namespace, request.name)
                 else:
@@ -282,13 +289,24 @@ class FakeKube(kmock.KubernetesEmulator):
         try:
             async with self._lock:
                 objs = self._matching(request, params)
+            seen = set()  # what this watcher was shown: an object that stops matching is DELETED for it
             for raw in objs:
+                seen.add((raw["metadata"].get("namespace"), raw["metadata"]["name"]))
                 if since in ("", "0") or int(raw["metadata"].get("resourceVersion", "0")) > int(since):
                     yield {"type": "ADDED", "object": raw}
             stream = bus.stream(since=marker)
             async for event in self._until(stream, deadline, loop):
+                meta = event.get("object", {}).get("metadata", {})
+                key = (meta.get("namespace"), meta.get("name"))
                 if self._filter_event(request, params, event):
+                    if event.get("type") == "DELETED":
+                        seen.discard(key)
+                    else:
+                        seen.add(key)
                     yield event
+                elif key in seen and event.get("type") != "DELETED":
+                    seen.discard(key)
+                    yield {"type": "DELETED", "object": event["object"]}
         finally:
             try:
                 await bus.unmark(marker)
@@ -344,6 +362,13 @@ def _pod_gpus(pod: dict) -> int:
     return total
 
 
+def _terminated(container: dict, code: int) -> dict:
+    now = _now()
+    return {"name": container["name"], "ready": False, "restartCount": 0, "image": container.get("image", ""),
+            "imageID": "", "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                                    "startedAt": now, "finishedAt": now}}}
+
+
 def _node_ready(node: dict) -> bool:
     for cond in node.get("status", {}).get("conditions", []) or []:
         if cond.get("type") == "Ready":
@@ -368,14 +393,22 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                 behave = api.behaviours.get((ns, name)) or api.behaviours.get(meta.get("labels", {}).get("gpupool.io/job-id")) or {}
                 if meta.get("deletionTimestamp"):
                     key = (ns, name, meta.get("uid"))
+                    grace = float(meta.get("deletionGracePeriodSeconds", 30))
                     if key not in deleting:
-                        grace = float(meta.get("deletionGracePeriodSeconds", 30))
                         early = behave.get("exit_on_term_after")
-                        deleting[key] = loop.time() + (min(grace, early) if early is not None else grace)
+                        deleting[key] = (loop.time() + (min(grace, early) if early is not None else grace), grace)
                         if behave.get("log_on_term"):
                             api.logs[(ns, name)] = api.logs.get((ns, name), "") + behave["log_on_term"]
-                    if loop.time() >= deleting[key]:
+                    elif grace < deleting[key][1]:  # deleted again with a shorter grace period
+                        deleting[key] = (min(deleting[key][0], loop.time() + grace), grace)
+                    if loop.time() >= deleting[key][0]:
+                        early = behave.get("exit_on_term_after") is not None
+                        code = int(behave.get("exit_code", 0 if early else 137)) if early else 137
                         deleting.pop(key, None)
+                        if pod.get("spec", {}).get("nodeName"):  # the container's end is seen before the pod goes
+                            await api.patch_object(PODS, ns, name, {"status": {
+                                "phase": "Succeeded" if code == 0 else "Failed",
+                                "containerStatuses": [_terminated(c, code) for c in pod["spec"].get("containers", [])]}})
                         await api.remove_object(PODS, ns, name)
                     continue
                 if phase != "Pending":
@@ -569,18 +602,19 @@ class KubeCluster:
         """The pod's container exits with ``exit_code`` (phase Succeeded or Failed)."""
         if log is not None:
             self.set_log(name, log, namespace)
-        now = _now()
 
         async def go() -> None:
             async with self.api._lock:
                 pod = self.api._objects[(PODS, namespace, name)].raw
-                statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
-                             "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                                                      "startedAt": now, "finishedAt": now}}}
-                            for c in pod["spec"]["containers"]]
+                statuses = [_terminated(c, exit_code) for c in pod["spec"]["containers"]]
                 await self.api.patch_object(PODS, namespace, name, {"status": {
                     "phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": statuses}})
         self.call(go)
+
+    @property
+    def requests(self) -> list:
+        """Every request the server received (kmock Request objects: url, params, data...)."""
+        return list(self.api._requests)
 
     @property
     def deletions(self) -> list[dict]:

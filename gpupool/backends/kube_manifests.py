@@ -18,19 +18,21 @@ spawner (:mod:`gpupool.spawner.kube`), so the two place pods the same way:
   docs/kubernetes.md for what this does and does not isolate).
 
 ``python -m gpupool.backends.kube_manifests run-job`` is the entrypoint of a job pod: it runs
-papermill and turns the container's SIGTERM (pod deletion with a grace period) into a SIGTERM to
-the notebook's kernel, where ``gpupool.checkpoint`` treats it as the request to save and stop.
+papermill through the local backend's runner and turns the container's SIGTERM (pod deletion with
+a grace period) into gpupool's stop request (``gpupool.checkpoint.should_stop()`` turns True),
+then SIGTERM to the notebook once the preemption grace is over.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -216,21 +218,27 @@ def env_list(env: dict[str, str]) -> list[dict[str, str]]:
 
 @dataclass
 class JobPodSpec:
-    """Everything a job pod needs. ``home_claim`` is the user's PVC (z2jh names it
-    ``claim-{username}``); ``jobs_claim`` is the shared PVC holding each job's directory
-    (``{jobs_mount}/{job_id}``: output notebook and checkpoints) that the service also mounts."""
+    """Everything one job pod needs. The paths (``notebook``, ``output``, ``log``, ``job_dir``,
+    ``checkpoint_dir``, ``stop_file``) are the service's paths under its job root; the pod mounts
+    the shared jobs volume (``jobs_claim``) at ``jobs_mount`` (the service's job root) so the same
+    paths work in both. ``home_claim`` is the user's PVC (z2jh names it ``claim-{username}``),
+    mounted at ``home_mount``, the notebook's working directory."""
 
     job_id: str
+    run_id: str
     user: str
     queue: str
     image: str
     placement: PodPlacement
+    notebook: str
+    output: str
+    log: str
+    job_dir: str
+    checkpoint_dir: str
+    stop_file: str
     namespace: str = "default"
     kind: str = "train"
-    name: str = ""
     attempt: int = 0
-    notebook: str | None = None  # path relative to the home directory
-    notebook_content: dict | None = None
     parameters: dict = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     gpu_uuids: Sequence[str] | None = None
@@ -240,8 +248,10 @@ class JobPodSpec:
     home_claim: str | None = None
     home_mount: str = "/home/jovyan"
     jobs_claim: str | None = None
-    jobs_mount: str = "/gpupool/jobs"
-    grace_seconds: int = 30
+    jobs_mount: str = "/srv/gpupool/jobs"
+    grace_seconds: float = 30.0  # the preemption grace: stop file first, SIGTERM after it
+    kill_after: float = 5.0  # SIGTERM -> SIGKILL
+    kernel_name: str = ""
     service_account: str | None = None
     runtime_class: str | None = None
     priority_class: str | None = None
@@ -257,40 +267,53 @@ class JobPodSpec:
     python: str = "python3"
 
 
-def job_pod_name(job_id: str, attempt: int = 0) -> str:
-    return dns_name(f"gpupool-{job_id}-{attempt}".lower())
+LABEL_RUN = f"{GROUP}/run-id"
+# Environment variables describing the service's own machine that make no sense in a pod
+HOST_ONLY_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
+                 "HIP_VISIBLE_DEVICES", "HOME", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH")
 
 
-def job_dir(spec: JobPodSpec) -> str:
-    return f"{spec.jobs_mount.rstrip('/')}/{dns_name(spec.job_id.lower())}"
+def job_pod_name(run_id: str) -> str:
+    """``gpupool-j-000042-3`` for run ``j-000042.3``."""
+    return dns_name(f"gpupool-{run_id}".lower().replace(".", "-"))
+
+
+def exit_file(job_dir: str, attempt: int) -> str:
+    """Where the run writes its exit status (the local backend's runner layout)."""
+    return f"{job_dir.rstrip('/')}/runs/{int(attempt)}/exit.json"
 
 
 def _quantity_cpu(cpu: float) -> str:
     return f"{int(round(cpu * 1000))}m"
 
 
+def papermill_command(spec: JobPodSpec) -> list[str]:
+    cmd = [spec.python, "-m", "papermill", spec.notebook, spec.output, "-y", json.dumps(spec.parameters or {}),
+           "--cwd", spec.home_mount, "--log-output", "--no-progress-bar"]
+    if spec.kernel_name:
+        cmd += ["-k", spec.kernel_name]
+    return cmd
+
+
 def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
-    """The Pod that runs one attempt of a notebook job with papermill in the user's image."""
-    if bool(spec.notebook) == (spec.notebook_content is not None):
-        raise ValueError("exactly one of notebook / notebook_content must be given")
+    """The Pod that runs one attempt of a notebook job with papermill in the user's image.
+
+    Its command is this module's ``run-job`` entrypoint around the local backend's runner (which
+    appends papermill's output to the job's log, forwards signals to papermill and the kernel and
+    writes the exit status); ``run-job`` also copies the log to the container's stdout (so
+    ``kubectl logs`` and the API's pods/log show it) and turns the pod's SIGTERM into a stop
+    request (see :func:`run_job`)."""
     p = spec.placement
-    jdir = job_dir(spec)
-    env: dict[str, str] = {
+    env: dict[str, str] = {k: str(v) for k, v in (spec.env or {}).items() if k not in HOST_ONLY_ENV}
+    env.update({
         "GPUPOOL_JOB_ID": spec.job_id,
-        "GPUPOOL_JOB_DIR": jdir,
-        "GPUPOOL_CHECKPOINT_DIR": f"{jdir}/checkpoints",
-        "GPUPOOL_OUTPUT": f"{jdir}/output.ipynb",
-        "GPUPOOL_PARAMETERS": json.dumps(spec.parameters or {}),
-        "GPUPOOL_ATTEMPT": str(spec.attempt),
-        "GPUPOOL_PREEMPTION_GRACE": str(int(spec.grace_seconds)),
+        "GPUPOOL_RUN_ID": spec.run_id,
+        "GPUPOOL_CHECKPOINT_DIR": spec.checkpoint_dir,
+        "GPUPOOL_STOP_FILE": spec.stop_file,
+        "GPUPOOL_PREEMPTION_GRACE": f"{float(spec.grace_seconds):g}",
         "HOME": spec.home_mount,
-    }
-    if spec.notebook:
-        env["GPUPOOL_NOTEBOOK"] = spec.notebook
-    else:
-        raw = json.dumps(spec.notebook_content).encode()
-        env["GPUPOOL_NOTEBOOK_B64"] = base64.b64encode(raw).decode()
-    env.update({str(k): str(v) for k, v in (spec.env or {}).items()})
+        "PYTHONUNBUFFERED": "1",
+    })
     env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory))
 
     resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
@@ -310,10 +333,14 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         volumes.append({"name": "gpupool-jobs", "persistentVolumeClaim": {"claimName": spec.jobs_claim}})
         mounts.append({"name": "gpupool-jobs", "mountPath": spec.jobs_mount})
 
+    args = ["run-job", "--exit-file", exit_file(spec.job_dir, spec.attempt), "--log", spec.log,
+            "--run-id", spec.run_id, "--stop-file", spec.stop_file, "--grace", f"{float(spec.grace_seconds):g}",
+            "--", *papermill_command(spec)]
     container: dict[str, Any] = {
         "name": "notebook",
         "image": spec.image,
-        "command": [spec.python, "-m", "gpupool.backends.kube_manifests", "run-job"],
+        "command": [spec.python, "-m", "gpupool.backends.kube_manifests"],
+        "args": args,
         "workingDir": spec.home_mount,
         "env": env_list(env),
         "volumeMounts": mounts,
@@ -331,14 +358,17 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         security["fsGroup"] = int(spec.fs_gid)
 
     labels = gpupool_labels(job_id=spec.job_id, user=spec.user, queue=spec.queue, kind=spec.kind)
+    labels[LABEL_RUN] = label_value(spec.run_id)
     labels.update(spec.extra_labels)
-    gpu_ids = gpu_ids_for(p, spec.gpu_uuids) if p.fraction < 1.0 else []
+    gpu_ids = gpu_ids_for(p, spec.gpu_uuids) if 0 < p.fraction < 1.0 else []
     annotations = gpupool_annotations(job_id=spec.job_id, user=spec.user, queue=spec.queue,
                                       placements=[p], attempt=spec.attempt, gpu_ids=gpu_ids)
+    annotations[f"{GROUP}/run-id"] = spec.run_id
     annotations.update(spec.extra_annotations)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": int(spec.grace_seconds),
+        # stop file at once, SIGTERM after the grace (run-job), SIGKILL kill_after later (kubelet)
+        "terminationGracePeriodSeconds": int(math.ceil(spec.grace_seconds + spec.kill_after)),
         "affinity": node_affinity(p.node),
         "containers": [container],
         "volumes": volumes,
@@ -364,7 +394,7 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": job_pod_name(spec.job_id, spec.attempt),
+            "name": job_pod_name(spec.run_id),
             "namespace": spec.namespace,
             "labels": labels,
             "annotations": annotations,
@@ -382,93 +412,106 @@ def delete_options(grace_seconds: int) -> dict[str, Any]:
 
 # -- the job pod's entrypoint -------------------------------------------------------------------
 
-def _children_tree(root: int) -> list[int]:
-    """PIDs of all descendants of ``root`` (read from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        for child in parents.get(pid, []):
-            out.append(child)
-            todo.append(child)
-    return out
+def _write_stop_file(path: str, reason: str) -> None:
+    if not path or os.path.exists(path):
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"requested_at": time.time(), "reason": reason}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"gpupool: could not write the stop request {path}: {e}", flush=True)
 
 
-def papermill_command(env: dict[str, str], python: str | None = None) -> tuple[list[str], str | None]:
-    """The papermill command line for a job pod's environment, and the notebook written from
-    ``GPUPOOL_NOTEBOOK_B64`` (if any)."""
-    jdir = env["GPUPOOL_JOB_DIR"]
-    written = None
-    if env.get("GPUPOOL_NOTEBOOK_B64"):
-        written = os.path.join(jdir, "input.ipynb")
-        source = written
-    else:
-        source = env["GPUPOOL_NOTEBOOK"]
-    output = env.get("GPUPOOL_OUTPUT") or os.path.join(jdir, "output.ipynb")
-    cmd = [python or sys.executable, "-m", "papermill", "--log-output", "--no-progress-bar",
-           "-y", env.get("GPUPOOL_PARAMETERS") or "{}", source, output]
-    return cmd, written
+def run_job(argv: Sequence[str]) -> int:
+    """``run-job --exit-file F --log L --run-id R --stop-file S --grace G -- CMD...``
 
+    Runs the local backend's runner (``python -m gpupool.backends.local run``) with CMD, copies
+    the job's log to stdout as it grows, and on SIGTERM (the pod is being deleted: preemption,
+    cancel, drain) writes the stop request at once (``gpupool.checkpoint.should_stop()`` turns
+    True), then after ``--grace`` seconds forwards SIGTERM to the runner (papermill and the
+    kernel). The kubelet sends SIGKILL when the pod's termination grace period is over.
+    Returns the runner's exit status (papermill's)."""
+    import argparse
 
-def run_job(env: dict[str, str] | None = None) -> int:
-    """Run papermill as a child; forward SIGTERM to its descendants (the kernel) but not to
-    papermill itself, so papermill survives to write the output notebook after the notebook
-    saved its checkpoint and stopped. Returns papermill's exit code."""
-    env = dict(os.environ if env is None else env)
-    jdir = env["GPUPOOL_JOB_DIR"]
-    os.makedirs(os.path.join(jdir, "checkpoints"), exist_ok=True)
-    cmd, written = papermill_command(env)
-    if written:
-        with open(written, "wb") as f:
-            f.write(base64.b64decode(env["GPUPOOL_NOTEBOOK_B64"]))
-    print(f"gpupool: job {env.get('GPUPOOL_JOB_ID')} attempt {env.get('GPUPOOL_ATTEMPT', '0')}: "
-          f"{' '.join(cmd[1:4])} ... {cmd[-2]} -> {cmd[-1]}", flush=True)
-
-    def _ignore_term() -> None:  # papermill ignores SIGTERM; its kernel inherits SIG_IGN unless it
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # installs a handler (gpupool.checkpoint does)
-
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_term)
-    stopping = {"asked": False}
+    ap = argparse.ArgumentParser(prog="python -m gpupool.backends.kube_manifests run-job")
+    ap.add_argument("--exit-file", required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--stop-file", default="")
+    ap.add_argument("--grace", type=float, default=30.0)
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args(list(argv))
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        ap.error("a command is required after --")
+    for path in (os.path.dirname(args.exit_file), os.path.dirname(args.log)):
+        if path:
+            os.makedirs(path, exist_ok=True)
+    try:
+        os.unlink(args.exit_file)
+    except FileNotFoundError:
+        pass
+    start_offset = os.path.getsize(args.log) if os.path.exists(args.log) else 0
+    runner = [sys.executable, "-m", "gpupool.backends.local", "run", "--exit-file", args.exit_file,
+              "--log", args.log, "--run-id", args.run_id, "--", *cmd]
+    env = dict(os.environ)
+    env["GPUPOOL_RUN_ID"] = args.run_id
+    proc = subprocess.Popen(runner, env=env, stdin=subprocess.DEVNULL)
+    state: dict[str, Any] = {"term_at": None, "forwarded": False}
 
     def _on_term(signum: int, frame: Any) -> None:
-        if not stopping["asked"]:
-            print("gpupool: stop requested (SIGTERM): asking the notebook to checkpoint and stop", flush=True)
-        stopping["asked"] = True
-        for pid in _children_tree(proc.pid):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+        if state["term_at"] is None:
+            state["term_at"] = time.monotonic()
+            print(f"gpupool: the pod is being stopped: stop requested, SIGTERM to the notebook in {args.grace:g}s",
+                  flush=True)
+            _write_stop_file(args.stop_file, "the job's pod is being stopped (preempted, cancelled or its node drained)")
 
     signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    offset = start_offset
+    out = sys.stdout.buffer
+
+    def _copy_log() -> None:
+        nonlocal offset
+        try:
+            with open(args.log, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            return
+        if chunk:
+            offset += len(chunk)
+            out.write(chunk)
+            out.flush()
+
     while True:
         try:
-            return proc.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
-            continue
+            rc = proc.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        _copy_log()
+        if state["term_at"] is not None and not state["forwarded"] and time.monotonic() - state["term_at"] >= args.grace:
+            state["forwarded"] = True
+            print("gpupool: grace period over: SIGTERM to the notebook", flush=True)
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    _copy_log()
+    return 128 - rc if rc < 0 else rc
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] != ["run-job"]:
-        print("usage: python -m gpupool.backends.kube_manifests run-job  (inside a gpupool job pod)",
-              file=sys.stderr)
+        print("usage: python -m gpupool.backends.kube_manifests run-job --exit-file F --log L --run-id R "
+              "[--stop-file S] [--grace SECONDS] -- CMD...   (the entrypoint of a gpupool job pod)", file=sys.stderr)
         return 2
-    missing = [k for k in ("GPUPOOL_JOB_DIR",) if not os.environ.get(k)]
-    if missing or not (os.environ.get("GPUPOOL_NOTEBOOK") or os.environ.get("GPUPOOL_NOTEBOOK_B64")):
-        print("gpupool: not a job pod: GPUPOOL_JOB_DIR and GPUPOOL_NOTEBOOK(_B64) must be set", file=sys.stderr)
-        return 2
-    return run_job()
+    return run_job(args[1:])
 
 
 if __name__ == "__main__":
