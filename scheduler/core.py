@@ -18,7 +18,6 @@ docs/scheduling.md states the promises this code keeps.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
@@ -27,16 +26,22 @@ from .cluster import ClusterState, PodRequest
 from .fairshare import EPS, QueueTree, fair_shares
 from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacement, SchedulerConfig, Snapshot,
                     Workload)
-from .placement import make_policy
+from .placement import FirstFit, make_policy
 from .units import format_amount
 from .victims import lost_gpu_seconds, victim_order
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
+PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
 ZERO: Vec = (0.0, 0.0, 0.0)
 
 
 def _add(a: Vec, b: Vec, sign: float = 1.0) -> Vec:
     return (a[0] + sign * b[0], a[1] + sign * b[1], a[2] + sign * b[2])
+
+
+def shape_key(c: "Candidate") -> tuple:
+    """Workloads with the same key place identically: a failure for one is a failure for all."""
+    return c.shape
 
 
 class Statement:
@@ -72,14 +77,31 @@ class Statement:
         return ops
 
 
-@dataclass
 class Candidate:
-    w: Workload
-    req: PodRequest
-    amount: Vec
-    mask: np.ndarray | None
-    failure: str = ""  # "quota" | "capacity" | "fragmented" | ""
-    reason: str = ""
+    """A workload being tried this cycle, with its request resolved."""
+
+    __slots__ = ("w", "req", "amount", "mask", "shape", "failure", "reason")
+
+    def __init__(self, w: Workload, req: PodRequest, amount: Vec, mask: np.ndarray | None):
+        self.w, self.req, self.amount, self.mask = w, req, amount, mask
+        # workloads with the same shape place identically: a failure for one is a failure for all
+        sel = w.node_selector
+        self.shape = (req, w.pods, tuple(sorted(sel.items())) if sel else ())
+        self.failure = ""  # "quota" | "capacity" | "fragmented"
+        self.reason = ""
+
+    def like(self, w: Workload) -> "Candidate":
+        """The same request, failure and reason for another workload of the same shape."""
+        c = Candidate.__new__(Candidate)
+        c.w, c.req, c.amount, c.mask, c.shape = w, self.req, self.amount, self.mask, self.shape
+        c.failure, c.reason = self.failure, self.reason
+        return c
+
+
+def raw_key(w: Workload) -> tuple:
+    """The request of a pending workload as plain values (cheaper than a Candidate)."""
+    sel = w.node_selector
+    return (w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, tuple(sorted(sel.items())) if sel else ())
 
 
 class Cycle:
@@ -98,43 +120,98 @@ class Cycle:
         # Queue accounting, rolled up to departments. alloc: held (running + releasing + bound this
         # cycle); releasing: part of alloc on its way out; nonpre: held by non-preemptible workloads.
         names = list(self.tree.queues)
-        self.alloc: dict[str, Vec] = {n: ZERO for n in names}
-        self.releasing: dict[str, Vec] = {n: ZERO for n in names}
-        self.nonpre: dict[str, Vec] = {n: ZERO for n in names}
+        self._reqs: dict[tuple, PodRequest] = {}
+        self._masks: dict[tuple, np.ndarray | None] = {}
+        self._pending_amounts: dict[tuple, Vec] = {}
+        self.amounts: dict[str, Vec] = {}
+        leaf_alloc: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        leaf_rel: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        leaf_nonpre: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         demand_leaf: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        shape_count: dict[PodRequest, float] = {}
         self.pending: list[Workload] = []
         self.running: list[Workload] = []
+        releasing: list[Workload] = []
         for w in self.workloads:
-            amt = self.amount(w)
+            amt = self.amounts[w.id] = self.amount(w)
             d = demand_leaf[w.queue]
             d[0] += amt[0]
             d[1] += amt[1]
             d[2] += amt[2]
+            rkey = (w.gpus, w.gpu_memory, w.cpu, w.memory)
+            shape_count[rkey] = shape_count.get(rkey, 0.0) + w.pods
             if w.phase == Phase.PENDING:
                 self.pending.append(w)
                 continue
             for p in w.placements:
                 self.now.take_placement(p, w)
-            self._account(w, amt, +1)
-            if w.phase == Phase.RELEASING:
-                for q in self.tree.path(w.queue):
-                    self.releasing[q] = _add(self.releasing[q], amt)
-            else:
-                self.running.append(w)
+            for acc, on in ((leaf_alloc, True), (leaf_nonpre, not w.preemptible),
+                            (leaf_rel, w.phase == Phase.RELEASING)):
+                if on:
+                    v = acc[w.queue]
+                    v[0] += amt[0]
+                    v[1] += amt[1]
+                    v[2] += amt[2]
+            (releasing if w.phase == Phase.RELEASING else self.running).append(w)
+        # Queue accounting, rolled up to departments. alloc: held (running + releasing + bound this
+        # cycle); releasing: part of alloc on its way out; nonpre: held by non-preemptible workloads.
+        self.alloc = self._rollup(leaf_alloc)
+        self.releasing = self._rollup(leaf_rel)
+        self.nonpre = self._rollup(leaf_nonpre)
         self.future = self.now.copy()
-        for w in self.workloads:
-            if w.phase == Phase.RELEASING:
-                for p in w.placements:
-                    self.future.give_placement(p, w)
+        for w in releasing:
+            for p in w.placements:
+                self.future.give_placement(p, w)
+        self.future_version = 0  # bumped whenever the future view gains room
         cap = (float(self.now.num_gpus[self.now.schedulable].sum()),
                self._capacity(self.now.cpu_total) / MILLI, self._capacity(self.now.mem_total))
         self.capacity = dict(zip(RESOURCES, cap))
         demand = {n: dict(zip(RESOURCES, v)) for n, v in demand_leaf.items()}
         self.fair = fair_shares(self.tree, demand, self.capacity)
-        self.shapes = self._shapes()
+        gpu_shapes = {}
+        for rkey, count in shape_count.items():
+            req = self._req_for(rkey)
+            if req.num_gpus:
+                gpu_shapes[req] = gpu_shapes.get(req, 0.0) + count
+        total = sum(gpu_shapes.values()) or 1.0
+        self.shapes = sorted(((r, c / total) for r, c in gpu_shapes.items()), key=lambda rc: rc[0].shape)
         self.policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
         self.failed_shapes: set[tuple] = set()
+        self.reasons: dict[tuple, tuple[str, str]] = {}  # capacity reasons by shape, reset on binds
         self.evicted: set[str] = set()
+        self.reserved: dict[str, float] = {n: 0.0 for n in names}
+        self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
+        self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
+
+    def _rollup(self, leaf: dict[str, list[float]]) -> dict[str, Vec]:
+        out = {n: [0.0, 0.0, 0.0] for n in self.tree.queues}
+        for q, v in leaf.items():
+            if v[0] or v[1] or v[2]:
+                for x in self.tree.path(q):
+                    o = out[x]
+                    o[0] += v[0]
+                    o[1] += v[1]
+                    o[2] += v[2]
+        return {n: (v[0], v[1], v[2]) for n, v in out.items()}
+
+    def request(self, w: Workload) -> PodRequest:
+        return self._req_for((w.gpus, w.gpu_memory, w.cpu, w.memory))
+
+    def _req_for(self, key: tuple) -> PodRequest:
+        r = self._reqs.get(key)
+        if r is None:
+            gpus, gpu_memory, cpu, memory = key
+            r = self._reqs[key] = PodRequest.for_workload(Workload("", "", gpus=gpus, gpu_memory=gpu_memory,
+                                                                   cpu=cpu, memory=memory))
+        return r
+
+    def mask(self, selector: dict[str, str]) -> np.ndarray | None:
+        if not selector:
+            return None
+        key = tuple(sorted(selector.items()))
+        if key not in self._masks:
+            self._masks[key] = self.now.node_mask(selector)
+        return self._masks[key]
 
     # -- accounting ------------------------------------------------------------------------------
     def _capacity(self, totals: np.ndarray) -> float:
@@ -147,7 +224,15 @@ class Cycle:
         """What the workload holds (or, pending, is expected to hold): GPUs, cores, bytes."""
         if w.placements:
             gpu = sum(len(p.gpus) * p.fraction for p in w.placements)
-        elif w.gpu_memory > 0:
+            return (gpu, w.cpu * w.pods, float(w.memory * w.pods))
+        key = (w.pods, w.gpus, w.gpu_memory, w.cpu, w.memory)
+        amt = self._pending_amounts.get(key)
+        if amt is None:
+            amt = self._pending_amounts[key] = self._pending_amount(w)
+        return amt
+
+    def _pending_amount(self, w: Workload) -> Vec:
+        if w.gpu_memory > 0:
             gpu = w.pods * min(1.0, w.gpu_memory / self.max_gpu_mem) if self.max_gpu_mem else float(w.pods)
         else:
             gpu = w.pods * w.gpus
@@ -164,33 +249,32 @@ class Cycle:
         return _add(self.alloc[q], self.releasing[q], -1)
 
     def over(self, q: str, extra: float = 0.0) -> float:
-        """GPUs above fair share (negative: below)."""
-        return self.effective(q)[0] + extra - self.fair[q].get("gpu", 0.0)
+        """GPUs above fair share (negative: below), counting room reserved for its pending
+        workloads that wait for preempted ones to release."""
+        return self.effective(q)[0] + self.reserved[q] + extra - self.fair[q].get("gpu", 0.0)
 
-    def _shapes(self) -> list[tuple[PodRequest, float]]:
-        counts: dict[PodRequest, float] = {}
-        for w in self.workloads:
-            r = PodRequest.for_workload(w)
-            if r.num_gpus:
-                counts[r] = counts.get(r, 0.0) + w.pods
-        total = sum(counts.values()) or 1.0
-        return sorted(((r, c / total) for r, c in counts.items()), key=lambda rc: rc[0].shape)
+    def claim(self, c: "Candidate") -> None:
+        """``c`` will take room in the future view: count it against its queues' fair share."""
+        for q in self.tree.path(c.w.queue):
+            self.reserved[q] += c.amount[0]
 
     # -- placement -------------------------------------------------------------------------------
     def candidate(self, w: Workload) -> Candidate:
-        mask = self.now.node_mask(w.node_selector)
-        return Candidate(w, PodRequest.for_workload(w), self.amount(w), mask)
+        return Candidate(w, self.request(w), self.amounts.get(w.id) or self.amount(w), self.mask(w.node_selector))
 
-    def place(self, c: Candidate, st: Statement) -> tuple[PodPlacement, ...] | None:
+    def place(self, c: Candidate, st: Statement, probe: bool = False) -> tuple[PodPlacement, ...] | None:
         """Place every pod of ``c`` on ``st.state`` (all or none; a gang prefers one topology
-        domain). On success the pods are placed through ``st``; on failure nothing changed."""
+        domain). On success the pods are placed through ``st``; on failure nothing changed.
+        ``probe``: only the answer matters (does it fit?), so take the first feasible node
+        instead of scoring every node with the placement policy."""
+        policy = PROBE if probe else self.policy
         domains = self._domains(c) if c.w.pods > 1 else [None]
         for dmask in domains:
             mask = c.mask if dmask is None else (dmask if c.mask is None else (dmask & c.mask))
             mark = len(st.ops)
             placements = []
             for i in range(c.w.pods):
-                choice = self.policy.choose(st.state, c.req, mask)
+                choice = policy.choose(st.state, c.req, mask)
                 if choice is None:
                     break
                 node, gpus, milli = choice
@@ -220,7 +304,7 @@ class Cycle:
     def quota_block(self, c: Candidate) -> str:
         """Why quota alone stops ``c`` now (empty: quota allows it)."""
         w, amt = c.w, c.amount
-        for q in self.tree.path(w.queue):
+        for q in self.tree.path(w.queue) if self.limited[w.queue] else ():
             spec = self.tree.queues[q]
             for i, res in enumerate(RESOURCES):
                 lim = spec.limit.get(res)
@@ -240,6 +324,13 @@ class Cycle:
         return ""
 
     def capacity_reason(self, c: Candidate) -> tuple[str, str]:
+        key = shape_key(c)
+        hit = self.reasons.get(key)
+        if hit is None:
+            hit = self.reasons[key] = self._capacity_reason(c)
+        return hit
+
+    def _capacity_reason(self, c: Candidate) -> tuple[str, str]:
         need = c.amount[0]
         if c.mask is not None and not c.mask.any():
             sel = ", ".join(f"{k}={v}" for k, v in c.w.node_selector.items())
@@ -269,6 +360,7 @@ class Cycle:
             reason = f"within the deserved quota of {w.queue}"
         self.result.binds.append(Bind(w.id, placements, reason, over_quota=over))
         self.result.pending.pop(w.id, None)
+        self.reasons.clear()  # free capacity changed
 
     def future_place(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:
         for p in placements:
@@ -276,7 +368,8 @@ class Cycle:
 
     def evict(self, v: Workload, cause: str, reason: str, by: str | None) -> None:
         self.evicted.add(v.id)
-        amt = self.amount(v)
+        self.future_version += 1
+        amt = self.amounts[v.id]
         for q in self.tree.path(v.queue):
             self.releasing[q] = _add(self.releasing[q], amt)
         self.result.evictions.append(Evict(v.id, cause, reason, by))
@@ -306,52 +399,78 @@ def _by_queue(ctx: Cycle, workloads: Iterable[Workload]) -> dict[str, list[Workl
 
 def allocate(ctx: Cycle) -> list[Candidate]:
     """Bind pending workloads where they fit now, queues furthest below their fair share first;
-    within a queue by priority, then submit time. Returns the candidates that did not fit."""
+    within a queue by priority, then submit time. Returns the candidates that did not fit.
+
+    A queue keeps its turn through consecutive failures (the order between queues only changes
+    when something binds), and a shape that failed to place is not tried again this cycle:
+    capacity only shrinks during allocate."""
     queues = _by_queue(ctx, ctx.pending)
+    positions = ctx.result.positions
     for lst in queues.values():
         for pos, w in enumerate(lst, 1):
-            ctx.result.positions[w.id] = pos
+            positions[w.id] = pos
     key = _queue_order(ctx)
     heap = [(key(q), q, 0) for q in queues]
     heapq.heapify(heap)
     failed: list[Candidate] = []
+    dead = ctx.failed_shapes
+    dead_raw: dict[tuple, Candidate] = {}  # raw request -> the candidate that failed to place
     while heap:
         _, q, i = heapq.heappop(heap)
         lst = queues[q]
-        w = lst[i]
-        c = ctx.candidate(w)
-        block = ctx.quota_block(c)
-        if block:
-            c.failure, c.reason = "quota", f"waiting: {block}"
-        else:
-            shape = (c.req.shape, w.pods, tuple(sorted(w.node_selector.items())))
-            placements = None
-            if shape not in ctx.failed_shapes:
+        n = len(lst)
+        check_quota = ctx.limited[q]
+        bound = False
+        while i < n and not bound:
+            w = lst[i]
+            i += 1
+            if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
+                template = dead_raw.get(raw_key(w))
+                if template is not None:
+                    failed.append(template.like(w))
+                    continue
+            c = ctx.candidate(w)
+            block = ctx.quota_block(c) if (check_quota or not w.preemptible) else ""
+            if block:
+                c.failure, c.reason = "quota", f"waiting: {block}"
+                failed.append(c)
+                continue
+            shape = c.shape
+            if shape not in dead:
                 st = Statement(ctx, ctx.now)
                 placements = ctx.place(c, st)
                 if placements is not None:
                     st.commit()
                     ctx.future_place(c, placements)
                     ctx.bind(c, placements)
-                else:
-                    ctx.failed_shapes.add(shape)
-            if placements is None:
-                c.failure, c.reason = ctx.capacity_reason(c)
-        if c.failure:
+                    bound = True
+                    continue
+                dead.add(shape)
+            c.failure, c.reason = ctx.capacity_reason(c)
+            dead_raw.setdefault(raw_key(w), c)
             failed.append(c)
-            ctx.result.pending[w.id] = f"queued in {q}: position {ctx.result.positions[w.id]}, {c.reason}"
-        if i + 1 < len(lst):
-            heapq.heappush(heap, (key(q), q, i + 1))
+        if i < n:
+            heapq.heappush(heap, (key(q), q, i))
+    for c in failed:
+        ctx.result.pending[c.w.id] = f"queued in {c.w.queue}: position {positions[c.w.id]}, {c.reason}"
     return failed
 
 
 def _pipeline(ctx: Cycle, c: Candidate) -> bool:
     """If ``c`` fits once releasing workloads have stopped, reserve that room and say so."""
+    key = (c.shape, ctx.future_version)
+    if key in ctx.no_room:
+        return False
     st = Statement(ctx, ctx.future)
-    placements = ctx.place(c, st)
+    placements = None
+    if ctx.place(c, st, probe=True) is not None:  # cheap feasibility first, then score
+        st.rollback()
+        placements = ctx.place(c, st)
     if placements is None:
+        ctx.no_room.add(key)
         return False
     st.commit()
+    ctx.claim(c)
     ctx.result.pending[c.w.id] = (f"queued in {c.w.queue}: position {ctx.result.positions.get(c.w.id, 1)}, "
                                   f"waiting for preempted workloads to release "
                                   f"{format_amount('gpu', c.amount[0])} (grace period up to "
@@ -362,7 +481,7 @@ def _pipeline(ctx: Cycle, c: Candidate) -> bool:
 def _fits(ctx: Cycle, c: Candidate, mask: np.ndarray | None = None) -> bool:
     probe = Statement(ctx, ctx.future)
     cand = c if mask is None else Candidate(c.w, c.req, c.amount, mask if c.mask is None else (mask & c.mask))
-    if ctx.place(cand, probe) is None:
+    if ctx.place(cand, probe, probe=True) is None:
         return False
     probe.rollback()
     return True
@@ -413,7 +532,7 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload],
             st.remove(v, v.placements)
             chosen.append(v)
             if _fits(ctx, c, only):
-                cost = (sum(lost_gpu_seconds(x, ctx.now_t, ctx.amount(x)[0]) for x in chosen), len(chosen),
+                cost = (sum(lost_gpu_seconds(x, ctx.now_t, ctx.amounts[x.id][0]) for x in chosen), len(chosen),
                         fut.nodes[n].name)
                 if best is None or cost < best[0]:
                     best = (cost, list(chosen), only)
@@ -443,7 +562,7 @@ def _plan_gang(ctx: Cycle, c: Candidate, victims: list[Workload],
             continue
         st.remove(v, v.placements)
         chosen.append(v)
-        freed += ctx.amount(v)[0]
+        freed += ctx.amounts[v.id][0]
         if freed + EPS >= need and _fits(ctx, c):
             found = True
             break
@@ -469,45 +588,69 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     compared where their ancestries split; the victim side never ends further below its fair
     share than the reclaimer (no ping-pong)."""
     left: list[Candidate] = []
-    pool = _preemptible_running(ctx)
-    tried: set[tuple] = set()
+    pool: dict[str, list[Workload]] = {}
+    for v in _preemptible_running(ctx):
+        pool.setdefault(v.queue, []).append(v)
+    tried: set[tuple] = set()  # (shape, queue) that found no valid victims this cycle
+    headroom: dict[str, float] = {}  # GPUs a queue may still take up to its fair share
+    groups: dict[str, list[Candidate]] = {}
     for c in failed:
+        groups.setdefault(c.w.queue, []).append(c)
+    over_cache: dict[str, float] = {}  # ctx.over() by queue, cleared when accounting changes
+    todo: list[Candidate] = []
+    for q, lst in groups.items():
+        headroom[q] = -ctx.over(q)
+        if headroom[q] > EPS:
+            todo.extend(lst)
+        else:  # at or above its fair share: nothing to reclaim for this queue
+            left.extend(lst)
+    for c in todo:
         w = c.w
-        if c.failure == "quota" or c.amount[0] <= 0:
-            left.append(c)
+        room = headroom[w.queue]
+        if c.failure == "quota" or c.amount[0] <= 0 or c.amount[0] > room + EPS:
+            left.append(c)  # quota-bound, or the reclaimer would end above its fair share
             continue
         if _pipeline(ctx, c):
+            headroom[w.queue] = room - c.amount[0]
+            over_cache.clear()
             continue
-        if ctx.over(w.queue, c.amount[0]) > EPS:  # would end above its fair share
+        key = (c.shape, w.queue)
+        if key in tried:
             left.append(c)
             continue
-        shape = (c.req.shape, w.pods, w.queue, tuple(sorted(w.node_selector.items())))
-        if shape in tried:
-            left.append(c)
-            continue
-        cands = [v for v in pool if v.id not in ctx.evicted and v.queue != w.queue]
-        cands = [v for v in cands if ctx.over(ctx.tree.split(w.queue, v.queue)[1]) > EPS]
-        cands = victim_order(cands, ctx.now_t, ctx.amount)
-        removed: dict[str, float] = {}
+        cands = []
+        for p, vs in pool.items():
+            if p == w.queue:
+                continue
+            side = ctx.tree.split(w.queue, p)[1]
+            over = over_cache.get(side)
+            if over is None:
+                over = over_cache[side] = ctx.over(side)
+            if over > EPS:
+                cands.extend(v for v in vs if v.id not in ctx.evicted)
+        cands = victim_order(cands, ctx.now_t, lambda x: ctx.amounts[x.id])
 
         def allowed(chosen: list[Workload], v: Workload) -> bool:
             aq, ap = ctx.tree.split(w.queue, v.queue)
-            gone = sum(ctx.amount(x)[0] for x in chosen if ctx.tree.split(w.queue, x.queue)[1] == ap)
-            victim_after = ctx.over(ap) - gone - ctx.amount(v)[0]
+            gone = sum(ctx.amounts[x.id][0] for x in chosen if ctx.tree.split(w.queue, x.queue)[1] == ap)
+            victim_after = ctx.over(ap) - gone - ctx.amounts[v.id][0]
             reclaimer_after = ctx.over(aq, c.amount[0])
             return victim_after >= reclaimer_after - EPS
 
-        victims = _make_room(ctx, c, cands, allowed)
+        victims = _make_room(ctx, c, cands, allowed) if cands else None
         if victims is None:
-            tried.add(shape)
+            tried.add(key)
             left.append(c)
             continue
+        ctx.claim(c)
+        over_cache.clear()
+        headroom[w.queue] = room - c.amount[0]
+        fair = format_amount("gpu", ctx.fair[w.queue].get("gpu", 0.0))
         for v in victims:
             ap = ctx.tree.split(w.queue, v.queue)[1]
-            ctx.evict(v, "reclaim", (f"preempted: reclaimed by queue {w.queue} (below its fair share of "
-                                     f"{format_amount('gpu', ctx.fair[w.queue].get('gpu', 0.0))}; "
-                                     f"{ap} is above its own)"), w.id)
-            removed[v.id] = 1
+            ctx.evict(v, "reclaim", (f"preempted: reclaimed by queue {w.queue} (below its fair share of {fair}; "
+                                     f"{ap} holds more than its fair share of "
+                                     f"{format_amount('gpu', ctx.fair[ap].get('gpu', 0.0))})"), w.id)
         ctx.result.pending[w.id] = (f"queued in {w.queue}: position {ctx.result.positions.get(w.id, 1)}, "
                                     f"reclaiming {format_amount('gpu', c.amount[0])} from other queues; "
                                     f"starts when the preempted workloads have checkpointed")
@@ -517,20 +660,31 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
 def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     """Within a queue, a higher-priority workload preempts lower-priority preemptible ones."""
     left: list[Candidate] = []
-    pool = _preemptible_running(ctx)
+    by_queue: dict[str, list[Workload]] = {}
+    for v in _preemptible_running(ctx):
+        by_queue.setdefault(v.queue, []).append(v)
+    lowest = {q: min(v.priority for v in vs) for q, vs in by_queue.items()}
+    tried: set[tuple] = set()
     for c in failed:
         w = c.w
-        if c.failure == "quota" or (c.amount[0] <= 0 and c.amount[1] <= 0):
+        if (c.failure == "quota" or (c.amount[0] <= 0 and c.amount[1] <= 0)
+                or lowest.get(w.queue, w.priority) >= w.priority):
             left.append(c)
             continue
         if _pipeline(ctx, c):
             continue
-        cands = [v for v in pool if v.queue == w.queue and v.priority < w.priority and v.id not in ctx.evicted]
-        cands = victim_order(cands, ctx.now_t, ctx.amount)
-        victims = _make_room(ctx, c, cands, lambda chosen, v: True) if cands else None
-        if victims is None:
+        key = (c.shape, w.queue, w.priority)
+        if key in tried:
             left.append(c)
             continue
+        cands = [v for v in by_queue[w.queue] if v.priority < w.priority and v.id not in ctx.evicted]
+        cands = victim_order(cands, ctx.now_t, lambda x: ctx.amounts[x.id])
+        victims = _make_room(ctx, c, cands, lambda chosen, v: True) if cands else None
+        if victims is None:
+            tried.add(key)
+            left.append(c)
+            continue
+        ctx.claim(c)
         for v in victims:
             ctx.evict(v, "priority", (f"preempted: higher-priority {w.kind} workload {w.id} (priority "
                                       f"{w.priority}) needs the GPUs in queue {w.queue}"), w.id)
@@ -543,31 +697,38 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     """A pending single-pod workload that fits the free GPUs but not on any one node: move
     preemptible workloads (checkpoint, restart elsewhere) to open one node for it."""
     left: list[Candidate] = []
+    on_node: dict[str, list[Workload]] = {}
+    for w in _preemptible_running(ctx):
+        if w.pods == 1 and w.placements:
+            on_node.setdefault(w.placements[0].node, []).append(w)
+    tried: set[tuple] = set()
     for c in failed:
         if c.failure != "fragmented" or c.w.pods != 1 or c.req.num_gpus == 0:
             left.append(c)
             continue
         if _pipeline(ctx, c):
             continue
-        if not _consolidate_one(ctx, c):
+        key = (shape_key(c), ctx.future_version)
+        if key in tried or not _consolidate_one(ctx, c, on_node):
+            tried.add(key)
             left.append(c)
     return left
 
 
-def _consolidate_one(ctx: Cycle, c: Candidate) -> bool:
+def _consolidate_one(ctx: Cycle, c: Candidate, on_node: dict[str, list[Workload]]) -> bool:
     fut = ctx.future
-    movable = [w for w in _preemptible_running(ctx) if w.pods == 1 and w.placements]
-    on_node: dict[str, list[Workload]] = {}
-    for w in movable:
-        on_node.setdefault(w.placements[0].node, []).append(w)
-    order = sorted(range(len(fut.nodes)), key=lambda n: (-int(fut.gpu_free[n].sum()), fut.nodes[n].name))
-    for n in order:
+    need = c.amount[0]
+    nodes = []
+    for name, movers in on_node.items():
+        n = fut.index[name]
         if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
             continue
-        name = fut.nodes[n].name
-        victims = victim_order(on_node.get(name, []), ctx.now_t, ctx.amount)
-        if not victims:
-            continue
+        movers = [v for v in movers if v.id not in ctx.evicted]
+        room = fut.gpu_free[n].sum() / MILLI + sum(ctx.amounts[v.id][0] for v in movers)
+        if movers and room + EPS >= need:
+            nodes.append((-float(fut.gpu_free[n].sum()), name, n, movers))
+    for _, name, n, movers in sorted(nodes):
+        victims = victim_order(movers, ctx.now_t, lambda x: ctx.amounts[x.id])
         st = Statement(ctx, fut)
         only_n = np.zeros(len(fut.nodes), dtype=bool)
         only_n[n] = True
@@ -583,12 +744,10 @@ def _consolidate_one(ctx: Cycle, c: Candidate) -> bool:
         if placed is None:
             st.rollback()
             continue
-        # every moved workload must fit elsewhere (not on n)
-        ok = True
+        ok = True  # every moved workload must fit elsewhere (not on n)
         for v in chosen:
             vc = ctx.candidate(v)
-            elsewhere = ~only_n if vc.mask is None else (vc.mask & ~only_n)
-            vc.mask = elsewhere
+            vc.mask = ~only_n if vc.mask is None else (vc.mask & ~only_n)
             if ctx.place(vc, st) is None:
                 ok = False
                 break
@@ -596,9 +755,10 @@ def _consolidate_one(ctx: Cycle, c: Candidate) -> bool:
             st.rollback()
             continue
         st.commit()
+        ctx.claim(c)
         for v in chosen:
             ctx.evict(v, "consolidation", (f"preempted: moved to another node to make room for {c.w.id} "
-                                           f"({format_amount('gpu', c.amount[0])} on one node); "
+                                           f"({format_amount('gpu', need)} on one node); "
                                            f"restarts from its checkpoint"), c.w.id)
         ctx.result.pending[c.w.id] = (f"queued in {c.w.queue}: position {ctx.result.positions.get(c.w.id, 1)}, "
                                       f"consolidating: moving {len(chosen)} workload(s) off node {name} to fit it")

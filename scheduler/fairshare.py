@@ -86,6 +86,7 @@ class QueueTree:
         for lst in self.children.values():
             lst.sort(key=lambda q: q.name)
         self._path: dict[str, tuple[str, ...]] = {}
+        self._splits: dict[tuple[str, str], tuple[str, str]] = {}
         for name in self.queues:
             path, cur = [], name
             while cur is not None:
@@ -104,11 +105,16 @@ class QueueTree:
     def split(self, a: str, b: str) -> tuple[str, str]:
         """The two queues where the ancestries of ``a`` and ``b`` part: the children of their
         lowest common ancestor (or the roots) on each side."""
+        key = (a, b)
+        hit = self._splits.get(key)
+        if hit is not None:
+            return hit
         pa, pb = self._path[a], self._path[b]
         i = 0
         while i < len(pa) and i < len(pb) and pa[i] == pb[i]:
             i += 1
-        return pa[min(i, len(pa) - 1)], pb[min(i, len(pb) - 1)]
+        hit = self._splits[key] = (pa[min(i, len(pa) - 1)], pb[min(i, len(pb) - 1)])
+        return hit
 
     def rollup(self, leaf_values: Mapping[str, float]) -> dict[str, float]:
         """Sum leaf values up the tree: every queue gets its own plus its descendants'."""
