@@ -1,0 +1,193 @@
+"""How long one scheduling cycle takes on a large cluster: Scheduler.schedule() only.
+
+Builds 1000 nodes x 8 GPUs (racks of 20), 200 queues (20 departments x 9 projects), 20000
+workloads: running ones (whole GPUs, gangs, halves and quarters; each queue within its deserved
+quota) packed onto ~90% of the GPUs and the rest pending, then times schedule() on that snapshot. Two shapes are timed:
+
+* ``busy``: ~90% of the GPUs held, every other workload of the 20000 pending (the worst case:
+  allocate, reclaim and preempt try them all);
+* ``steady``: the same running set, 1% as many pending (what a live cluster sees most cycles).
+
+Goal: p50 <= 100 ms per cycle. Prints one line per shape, then the cost per action: from
+``CycleResult.actions_ms`` when the core fills it, otherwise measured by re-running the cycle
+with a growing prefix of the action list (allocate; + consolidate; + reclaim; + preempt).
+
+    .venv/bin/python benchmarks/cycle_speed.py [--nodes 1000] [--queues 200] [--workloads 20000]
+                                               [--cycles 7] [--seed 0] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from gpupool.scheduler import Scheduler
+from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot, Workload
+
+SHAPES = [  # (per-pod gpus, pods, weight): mostly small, as in a lab (cf. the Alibaba GPU trace)
+    (0.25, 1, 25), (0.5, 1, 25), (1, 1, 30), (2, 1, 9), (4, 1, 6), (8, 1, 3), (8, 2, 2),
+]
+
+
+def build(nodes: int, queues: int, workloads: int, seed: int, pending: int | None):
+    """Nodes, a 2-level queue tree, and workloads: running ones packed node by node onto ~90% of
+    the GPUs, each queue kept within its deserved quota (a settled cluster), then pending ones
+    (``pending``, default: the rest of ``workloads``) in random queues."""
+    rng = np.random.default_rng(seed)
+    node_specs = [NodeSpec(name=f"node-{i:04d}", gpus=8, gpu_memory=80 * 2**30, gpu_model="H100", cpu=128,
+                           memory=1024 * 2**30, labels={"rack": f"r{i // 20:02d}"}) for i in range(nodes)]
+    depts = max(1, queues // 10)
+    per_dept = max(1, queues // depts - 1)
+    capacity = nodes * 8
+    qs: list[QueueSpec] = []
+    leaves: list[str] = []
+    deserved: dict[str, float] = {}
+    for d in range(depts):
+        dname = f"dept{d:02d}"
+        dq = capacity / depts
+        qs.append(QueueSpec(dname, deserved={"gpu": dq}, over_quota_weight=1 + d % 3))
+        for p in range(per_dept):
+            name = f"{dname}-p{p}"
+            qs.append(QueueSpec(name, parent=dname, deserved={"gpu": dq / per_dept},
+                                limit={"gpu": 3 * dq / per_dept} if p % 4 == 0 else {},
+                                over_quota_weight=1 + p % 2))
+            leaves.append(name)
+            deserved[name] = dq / per_dept
+
+    weights = np.array([s[2] for s in SHAPES], dtype=float)
+    free = np.full((nodes, 8), 1000, dtype=np.int64)
+    held = {q: 0.0 for q in leaves}
+    out: list[Workload] = []
+    cursor, rr = 0, 0  # first node with room; round-robin queue pointer
+
+    def new_workload(i: int, queue: str, k: int) -> Workload:
+        gpus, pods, _ = SHAPES[k]
+        kind = "hpo-trial" if gpus < 1 and rng.random() < 0.5 else ("interactive" if pods == 1 and gpus <= 1 and
+                                                                     rng.random() < 0.2 else "train")
+        return Workload(id=f"w{i:05d}", queue=queue, user=f"u{i % 97}", kind=kind, gpus=float(gpus), cpu=4.0,
+                        memory=16 * 2**30, pods=pods, submit_time=float(i),
+                        checkpoint_on_signal=bool(rng.random() < 0.3))
+
+    # running: pack until 90% of the GPUs are taken
+    used_milli, target = 0, int(0.9 * capacity * 1000)
+    misses = 0
+    while used_milli < target and misses < 50:
+        k = int(rng.choice(len(SHAPES), p=weights / weights.sum()))
+        gpus, pods, _ = SHAPES[k]
+        size = gpus * pods
+        queue = None
+        for step in range(len(leaves)):
+            q = leaves[(rr + step) % len(leaves)]
+            if held[q] + size <= deserved[q] + 1e-9:
+                queue, rr = q, (rr + step + 1) % len(leaves)
+                break
+        if queue is None:
+            misses += 1
+            continue
+        milli = int(gpus * 1000) if gpus < 1 else 1000
+        need = 1 if gpus < 1 else int(gpus)
+        placements: list[PodPlacement] = []
+        for pod in range(pods):
+            for n in range(cursor, nodes):
+                ok = np.flatnonzero(free[n] >= milli)
+                if len(ok) >= need:
+                    g = tuple(int(x) for x in ok[:need])
+                    free[n, list(g)] -= milli
+                    placements.append(PodPlacement(pod, node_specs[n].name, g, 1.0 if gpus >= 1 else gpus))
+                    break
+        if len(placements) < pods:
+            for p in placements:
+                free[int(p.node.split("-")[1]), list(p.gpus)] += milli
+            misses += 1
+            continue
+        while cursor < nodes and free[cursor].max() < 250:
+            cursor += 1
+        w = new_workload(len(out), queue, k)
+        w.phase, w.placements, w.started_at = Phase.RUNNING, tuple(placements), float(len(out))
+        w.last_checkpoint_at = float(len(out)) + 600 if rng.random() < 0.5 else None
+        held[queue] += size
+        used_milli += milli * need * pods
+        out.append(w)
+    n_pending = max(0, workloads - len(out)) if pending is None else pending
+    for _ in range(n_pending):
+        k = int(rng.choice(len(SHAPES), p=weights / weights.sum()))
+        out.append(new_workload(len(out), leaves[int(rng.integers(len(leaves)))], k))
+    return node_specs, qs, out
+
+
+def time_cycles(snapshot: Snapshot, config: SchedulerConfig, cycles: int) -> tuple[list[float], object]:
+    sched = Scheduler(config)
+    times, result = [], None
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        result = sched.schedule(snapshot)
+        times.append((time.perf_counter() - t0) * 1000)
+    return times, result
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--queues", type=int, default=200)
+    ap.add_argument("--workloads", type=int, default=20000)
+    ap.add_argument("--cycles", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    config = SchedulerConfig(seed=args.seed)
+    results = {}
+    for shape, pending in (("busy", None), ("steady", max(1, args.workloads // 100))):
+        t0 = time.perf_counter()
+        nodes, queues, workloads = build(args.nodes, args.queues, args.workloads, args.seed, pending)
+        build_s = time.perf_counter() - t0
+        snap = Snapshot(now=100000.0, nodes=nodes, queues=queues, workloads=workloads)
+        running = sum(1 for w in workloads if w.phase == Phase.RUNNING)
+        used = sum(len(p.gpus) * p.fraction for w in workloads for p in w.placements)
+        times, result = time_cycles(snap, config, args.cycles)
+        actions: dict[str, float] = {}
+        if result.actions_ms:
+            actions = {a: round(v, 1) for a, v in result.actions_ms.items()}
+            source = "CycleResult.actions_ms"
+        else:  # cost of each action = time with it minus time without it (median of 3)
+            source = "prefix timing"
+            prev = 0.0
+            for i, action in enumerate(config.actions):
+                sub = replace(config, actions=config.actions[: i + 1])
+                med = statistics.median(time_cycles(snap, sub, 3)[0])
+                actions[action] = round(max(0.0, med - prev), 1)
+                prev = med
+        results[shape] = {
+            "nodes": len(nodes), "gpus": len(nodes) * 8, "queues": len(queues), "workloads": len(workloads),
+            "running": running, "pending": len(workloads) - running, "gpus_in_use": round(used, 2),
+            "binds": len(result.binds), "evictions": len(result.evictions), "cycles": args.cycles,
+            "cycle_ms": {"p50": round(pct(times, 50), 1), "p95": round(pct(times, 95), 1),
+                         "max": round(max(times), 1)},
+            "actions_ms": actions, "actions_source": source, "build_seconds": round(build_s, 2),
+        }
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    for shape, r in results.items():
+        c = r["cycle_ms"]
+        verdict = "OK" if c["p50"] <= 100 else "ABOVE GOAL"
+        print(f"{shape:6}  {r['nodes']} nodes / {r['gpus']} GPUs, {r['queues']} queues, {r['workloads']} workloads "
+              f"({r['running']} running on {r['gpus_in_use']:.0f} GPUs, {r['pending']} pending)")
+        print(f"        schedule(): p50 {c['p50']:.1f} ms  p95 {c['p95']:.1f} ms  max {c['max']:.1f} ms over "
+              f"{r['cycles']} cycles  [goal p50 <= 100 ms: {verdict}]  ({r['binds']} binds, {r['evictions']} evictions)")
+        print("        per action (" + r["actions_source"] + "): " +
+              ", ".join(f"{a} {v:.1f} ms" for a, v in r["actions_ms"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
