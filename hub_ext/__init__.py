@@ -1,1 +1,156 @@
+"""gpupool's JupyterHub integration: ``configure(c)`` in ``jupyterhub_config.py``.
 
+::
+
+    from gpupool.hub_ext import configure
+    configure(c)
+    c.GPUPool.queues = [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"]}]
+    c.GPUPool.nodes = [{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]
+
+See docs/hub.md.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import secrets
+import sys
+from typing import Any
+
+from .config import GPUPool, GPUPoolConfigError, load, to_json
+
+__all__ = ["configure", "service_endpoint", "GPUPool", "GPUPoolConfigError", "SUBMIT_SCOPE", "ADMIN_SCOPE"]
+
+SUBMIT_SCOPE = "custom:gpupool:submit"
+ADMIN_SCOPE = "custom:gpupool:admin"
+SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server"]  # JupyterHub's `server` role
+SPAWNER_CLASS = "gpupool.spawner.LocalGPUSpawner"
+
+log = logging.getLogger("gpupool")
+
+
+def _merge_role(roles: list[dict], name: str, scopes: list[str], **members: list[str]) -> None:
+    for role in roles:
+        if role.get("name") == name:
+            role["scopes"] = list(dict.fromkeys([*role.get("scopes", []), *scopes]))
+            for key, names in members.items():
+                role[key] = list(dict.fromkeys([*role.get(key, []), *names]))
+            return
+    roles.append({"name": name, "scopes": list(scopes), **{k: list(v) for k, v in members.items()}})
+
+
+def _value(section: Any, key: str, default: Any) -> Any:
+    """A config value, resolving traitlets' lazy ``c.X.y.append(...)`` containers."""
+    if key not in section:
+        return default
+    value = section[key]
+    get_value = getattr(value, "get_value", None)
+    if get_value is not None:  # LazyConfigValue
+        return get_value(default)
+    return value
+
+
+def _spawner_available() -> bool:
+    try:
+        mod = importlib.import_module("gpupool.spawner")
+    except Exception:
+        return False
+    return hasattr(mod, "LocalGPUSpawner")
+
+
+def configure(c: Any, *, spawner: bool = True) -> None:
+    """Register the gpupool service, its scopes and roles in a JupyterHub config ``c``.
+
+    * ``c.JupyterHub.services``: the managed service ``gpupool`` (``python -m
+      gpupool.hub_ext.app`` on ``127.0.0.1:c.GPUPool.port``), with ``oauth_no_confirm``;
+    * ``c.JupyterHub.custom_scopes``: ``custom:gpupool:submit`` and ``custom:gpupool:admin``;
+    * ``c.JupyterHub.load_roles``: every user gets ``submit`` (the ``user`` role); the service and
+      the role ``gpupool-admin`` get ``admin``; JupyterHub admins act as gpupool admins with any
+      token that carries a gpupool scope;
+    * ``c.Spawner.server_token_scopes`` gains ``submit``, so a notebook's own
+      ``$JUPYTERHUB_API_TOKEN`` can submit jobs;
+    * ``c.JupyterHub.spawner_class`` becomes ``gpupool.spawner.LocalGPUSpawner`` when that class
+      exists and no spawner class was chosen (``spawner=False`` leaves it alone).
+
+    ``c.GPUPool.*`` may be set before or after this call (except ``port`` and ``service_name``,
+    which must come first). Whatever is already set is validated now; the complete configuration
+    is validated again when the hub starts the service, and a bad entry stops the hub with a
+    message naming it.
+    """
+    if "queues" in c.GPUPool or "nodes" in c.GPUPool:
+        # early check of what is already there (NVML discovery waits for the start-up check)
+        load(c, discover=False)
+    pool = GPUPool(config=c)
+    name = pool.service_name
+    port = pool.port
+    token = pool.api_token or secrets.token_hex(32)
+    c.GPUPool.api_token = token  # the spawner (in the hub) reads it through service_endpoint()
+    url = f"http://127.0.0.1:{port}"
+
+    def _service_config(_spawner: Any = None) -> str:
+        # Called by JupyterHub when it starts the service: the config file has run completely.
+        current = GPUPool(config=c)
+        if current.port != port or current.service_name != name:
+            raise GPUPoolConfigError(
+                "c.GPUPool.port / c.GPUPool.service_name changed after configure(c); set them before calling configure(c)")
+        settings = load(c, cwd=os.getcwd())
+        return to_json(settings)
+
+    services = list(_value(c.JupyterHub, "services", []))
+    services = [s for s in services if s.get("name") != name]
+    services.append({
+        "name": name,
+        "url": url,
+        "command": [sys.executable, "-m", "gpupool.hub_ext.app"],
+        "environment": {"GPUPOOL_CONFIG": _service_config},
+        "api_token": token,
+        "oauth_no_confirm": True,
+        "display": False,
+    })
+    c.JupyterHub.services = services
+
+    scopes = dict(_value(c.JupyterHub, "custom_scopes", {}))
+    scopes[SUBMIT_SCOPE] = {
+        "description": "Submit, list and cancel your own gpupool jobs; see queues, nodes and workspaces.",
+        "display_name": "gpupool: submit jobs",
+    }
+    scopes[ADMIN_SCOPE] = {
+        "description": "Administer the gpupool GPU pool: every user's jobs and workspaces.",
+        "display_name": "gpupool: admin",
+        "subscopes": [SUBMIT_SCOPE],
+    }
+    c.JupyterHub.custom_scopes = scopes
+
+    roles = [dict(r) for r in _value(c.JupyterHub, "load_roles", [])]
+    if not any(r.get("name") == "user" for r in roles):
+        roles.append({"name": "user", "scopes": ["self"]})
+    _merge_role(roles, "user", [SUBMIT_SCOPE])
+    _merge_role(roles, "gpupool-admin", [ADMIN_SCOPE])
+    _merge_role(roles, f"{name}-service", [ADMIN_SCOPE, "read:users", "read:groups"], services=[name])
+    c.JupyterHub.load_roles = roles
+
+    current = _value(c.Spawner, "server_token_scopes", None)
+    if callable(current):
+        def _with_gpupool(spawner: Any, _inner: Any = current) -> list[str]:
+            return list(dict.fromkeys([*_inner(spawner), SUBMIT_SCOPE]))
+        c.Spawner.server_token_scopes = _with_gpupool
+    else:
+        base = list(current) if current else list(SERVER_ROLE_SCOPES)
+        c.Spawner.server_token_scopes = list(dict.fromkeys([*base, SUBMIT_SCOPE]))
+
+    if spawner and "spawner_class" not in c.JupyterHub:
+        if _spawner_available():
+            c.JupyterHub.spawner_class = SPAWNER_CLASS
+        else:
+            log.warning("gpupool: %s is not available; keeping JupyterHub's spawner", SPAWNER_CLASS)
+
+
+def service_endpoint(config: Any) -> dict[str, str]:
+    """Where in-hub code (the GPU-aware spawner) reaches the service, from the hub's config:
+    ``{"url": "http://127.0.0.1:10101/services/gpupool/api/v1/", "token": "..."}``."""
+    pool = GPUPool(config=config)
+    return {
+        "url": f"http://127.0.0.1:{pool.port}/services/{pool.service_name}/api/v1/",
+        "token": pool.api_token,
+    }

@@ -1,0 +1,312 @@
+"""Local job backend: each job attempt is a process tree on this machine running papermill.
+
+``start`` launches ``python -m gpupool.backends.local run ...`` (the *runner*) in a new session
+(its own process group). The runner starts ``python -m papermill INPUT OUTPUT -f params.json
+--cwd WORKDIR --log-output`` with stdout/stderr appended to the job's log, forwards SIGTERM to it,
+and when papermill is gone kills whatever is left of the run (papermill starts the kernel in a
+session of its own) and writes ``exit.json`` with the exit code. Every process of the run carries
+``GPUPOOL_RUN_ID=<job id>.<attempt>`` in its environment; that is how the backend finds a run
+again after the service restarts (no handle needed) and how it reaches the kernel.
+
+Liveness never trusts a bare pid: a pid counts only while ``/proc/<pid>/environ`` carries the
+run id and the process is not a zombie.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState
+
+RUN_ENV = "GPUPOOL_RUN_ID"
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
+            "CUDA_HOME", "PYTHONPATH", "JUPYTER_PATH", "JUPYTER_DATA_DIR", "TMPDIR")
+
+
+# --------------------------------------------------------------------------------------------
+# /proc helpers (Linux)
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return True
+    # "pid (comm) S ..." -- comm may contain spaces and parentheses: split at the last ')'
+    rest = stat[stat.rfind(b")") + 2:]
+    return rest[:1] in (b"Z", b"X")
+
+
+def _has_run(pid: int, tag: bytes) -> bool:
+    env = _read(f"/proc/{pid}/environ")
+    return env is not None and (env.startswith(tag) or b"\0" + tag in env)
+
+
+def _tag(run_id: str) -> bytes:
+    return f"{RUN_ENV}={run_id}\0".encode()
+
+
+def run_alive(pid: int | None, run_id: str) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process of the run ``run_id``."""
+    if not pid:
+        return False
+    return _has_run(pid, _tag(run_id)) and not _is_zombie(pid)
+
+
+def run_pids(run_id: str) -> list[int]:
+    """Every live process of the run, found by its environment."""
+    tag = _tag(run_id)
+    me = os.getpid()
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid != me and _has_run(pid, tag) and not _is_zombie(pid):
+            out.append(pid)
+    return out
+
+
+def _signal_run(run_id: str, pgid: int | None, sig: int) -> None:
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in run_pids(run_id):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def read_exit(exit_file: str) -> int | None:
+    data = _read(exit_file)
+    if not data:
+        return None
+    try:
+        return int(json.loads(data)["exit_code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# The backend
+
+class LocalBackend(JobBackend):
+    """Jobs as local processes (``c.GPUPool.backend = "local"``, the default)."""
+
+    name = "local"
+
+    def __init__(self, settings: Any = None, log: Any = None):
+        super().__init__(settings, log)
+        self._procs: dict[str, subprocess.Popen] = {}  # run_id -> our child (for reaping)
+
+    def _env(self, spec: JobSpec, home: str) -> dict[str, str]:
+        env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+        env.update({"HOME": home, "USER": spec.run_as or spec.user, "JUPYTERHUB_USER": spec.user,
+                    "PYTHONUNBUFFERED": "1"})
+        env.update(spec.env)
+        env[RUN_ENV] = spec.run_id
+        return env
+
+    async def start(self, spec: JobSpec) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(None, self._start, spec)
+
+    def _start(self, spec: JobSpec) -> dict:
+        run_dir = os.path.join(spec.job_dir, "runs", str(spec.attempt))
+        os.makedirs(run_dir, exist_ok=True)
+        os.makedirs(spec.checkpoint_dir, exist_ok=True)
+        exit_file = os.path.join(run_dir, "exit.json")
+        for stale in (exit_file, spec.stop_file):
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
+        params = os.path.join(run_dir, "parameters.json")
+        with open(params, "w") as f:
+            json.dump(spec.parameters or {}, f)
+        python = spec.python or sys.executable
+        cmd = [python, "-m", "papermill", spec.notebook, spec.output, "-f", params, "--cwd", spec.workdir,
+               "--log-output", "--no-progress-bar"]
+        if spec.kernel_name:
+            cmd += ["-k", spec.kernel_name]
+        runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file, "--log", spec.log,
+                  "--run-id", spec.run_id, "--", *cmd]
+        kwargs: dict[str, Any] = {}
+        home = spec.workdir
+        if spec.run_as:
+            import pwd
+
+            try:
+                pw = pwd.getpwnam(spec.run_as)
+            except KeyError:
+                raise RuntimeError(f"there is no system user {spec.run_as!r} to run the job as "
+                                   "(an admin can set c.GPUPool.run_as_user = False)") from None
+            home = pw.pw_dir
+            kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid))
+            for path in (spec.job_dir, run_dir, spec.checkpoint_dir, os.path.dirname(spec.stop_file)):
+                os.chown(path, pw.pw_uid, pw.pw_gid)
+            for path in (spec.log, spec.output):
+                if os.path.exists(path):
+                    os.chown(path, pw.pw_uid, pw.pw_gid)
+        if not os.path.isdir(spec.workdir):
+            raise RuntimeError(f"the working directory {spec.workdir} does not exist")
+        proc = subprocess.Popen(runner, cwd=spec.workdir, env=self._env(spec, home), start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True, **kwargs)
+        self._procs[spec.run_id] = proc
+        return {"pid": proc.pid, "pgid": proc.pid, "run_id": spec.run_id, "exit_file": exit_file,
+                "started": time.time()}
+
+    def _state(self, handle: dict) -> RunState:
+        run_id = handle["run_id"]
+        proc = self._procs.get(run_id)
+        if proc is not None:
+            rc = proc.poll()
+            if rc is None:
+                return RunState(RUNNING)
+            self._procs.pop(run_id, None)
+        elif run_alive(handle.get("pid"), run_id):
+            return RunState(RUNNING)
+        code = read_exit(handle.get("exit_file", ""))
+        if code is not None:
+            return RunState(EXITED, code, _describe(code))
+        if proc is not None and proc.returncode is not None:
+            rc = proc.returncode
+            code = 128 - rc if rc < 0 else rc
+            return RunState(EXITED, code, _describe(code))
+        return RunState(LOST, None, "its processes are gone and left no exit status (killed from outside gpupool?)")
+
+    async def poll(self, handle: dict) -> RunState:
+        return self._state(handle)
+
+    async def request_checkpoint(self, handle: dict, spec: JobSpec, reason: str = "") -> None:
+        os.makedirs(os.path.dirname(spec.stop_file), exist_ok=True)
+        tmp = spec.stop_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"requested_at": time.time(), "reason": reason}, f)
+        os.replace(tmp, spec.stop_file)
+
+    async def terminate(self, handle: dict, force: bool = False) -> None:
+        _signal_run(handle["run_id"], handle.get("pgid"), signal.SIGKILL if force else signal.SIGTERM)
+
+    async def adopt(self, spec: JobSpec, handle: dict | None) -> tuple[dict | None, RunState]:
+        exit_file = os.path.join(spec.job_dir, "runs", str(spec.attempt), "exit.json")
+        if handle and run_alive(handle.get("pid"), spec.run_id):
+            return handle, RunState(RUNNING)
+        pids = run_pids(spec.run_id)
+        if pids:
+            # the runner is the session leader of the run (pid == its process group)
+            leaders = [p for p in pids if _pgid(p) == p] or sorted(pids)
+            pid = leaders[0]
+            return ({"pid": pid, "pgid": _pgid(pid) or pid, "run_id": spec.run_id, "exit_file": exit_file,
+                     "started": None}, RunState(RUNNING))
+        code = read_exit(exit_file)
+        if code is not None:
+            return handle, RunState(EXITED, code, _describe(code))
+        return handle, RunState(LOST, None, "its process was gone when the gpupool service restarted")
+
+    def pids(self, handle: dict) -> set[int]:
+        return set(run_pids(handle["run_id"]))
+
+    async def close(self) -> None:
+        self._procs.clear()  # runs keep going; a restarted service adopts them
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _describe(code: int) -> str:
+    if code == 0:
+        return "the notebook ran to the end"
+    if code > 128:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = f"signal {code - 128}"
+        return f"it was stopped by {name}"
+    return f"papermill exited with status {code}"
+
+
+# --------------------------------------------------------------------------------------------
+# The runner: `python -m gpupool.backends.local run --exit-file F --log L --run-id R -- CMD...`
+
+def _runner(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="gpupool.backends.local run")
+    p.add_argument("--exit-file", required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    log = open(args.log, "ab", buffering=0)
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    stopped: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        stopped.append(signum)
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+        for pid in run_pids(args.run_id):  # the kernel lives in a session of its own
+            if pid != child.pid:
+                try:
+                    os.kill(pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    rc = child.wait()
+    code = 128 - rc if rc < 0 else rc
+    # whatever is left of the run (an orphaned kernel) goes too
+    leftovers = [p for p in run_pids(args.run_id) if p != os.getpid()]
+    for sig, pause in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
+        if not leftovers:
+            break
+        for pid in leftovers:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.time() + pause
+        while pause and time.time() < deadline and leftovers:
+            time.sleep(0.1)
+            leftovers = [p for p in run_pids(args.run_id) if p != os.getpid()]
+    tmp = args.exit_file + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"exit_code": code, "signal": stopped[0] if stopped else None, "t": time.time()}, f)
+    os.replace(tmp, args.exit_file)
+    log.close()
+    return code
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "run":
+        sys.exit(_runner(sys.argv[2:]))
+    print("usage: python -m gpupool.backends.local run --exit-file F --log L --run-id R -- CMD...", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,191 @@
+"""Checkpointing inside a gpupool job (import it in the job's notebook). Standard library only.
+
+::
+
+    from gpupool import checkpoint
+
+    state = checkpoint.load() or {"step": 0}           # resume where the last attempt saved
+    for step in range(state["step"], 100):
+        train_one_step()
+        state["step"] = step + 1
+        checkpoint.save(state, step=step + 1)          # atomic; the newest is checkpoint.latest()
+        if checkpoint.should_stop():                   # preempted or cancelled: we saved, so exit
+            break
+
+When the scheduler preempts a job (its GPUs are reclaimed by the queue that owns them) or a user
+cancels it, the service writes a *stop request*; :func:`should_stop` sees it at once (a ``stat``
+of one file, cheap enough to call every step). The job then has ``c.GPUPool.preemption_grace``
+seconds to save and finish before it is terminated; a preempted job is requeued and, when it runs
+again, :func:`latest` / :func:`load` return what it saved. The checkpoint directory persists across
+requeues of the same job.
+
+Outside a gpupool job (no ``GPUPOOL_CHECKPOINT_DIR``) everything still works against
+``./.gpupool-checkpoints`` and :func:`should_stop` is always False, so a notebook runs the same
+interactively.
+
+Environment (set by the service): ``GPUPOOL_CHECKPOINT_DIR``, ``GPUPOOL_STOP_FILE``,
+``GPUPOOL_RESUME_FROM`` (the newest checkpoint when the attempt started), ``GPUPOOL_GPU_FRACTION``,
+``GPUPOOL_GPU_MEMORY_LIMIT`` (bytes; fractional GPUs), used by :func:`limit_gpu_memory`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["checkpoint_dir", "save", "latest", "load", "should_stop", "stop_reason", "limit_gpu_memory",
+           "in_job"]
+
+LATEST = "LATEST"  # a small JSON file naming the newest checkpoint (written atomically)
+_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def in_job() -> bool:
+    """True inside a job started by gpupool."""
+    return bool(os.environ.get("GPUPOOL_JOB_ID"))
+
+
+def checkpoint_dir() -> Path:
+    """The job's checkpoint directory (created if missing); kept across requeues."""
+    d = Path(os.environ.get("GPUPOOL_CHECKPOINT_DIR") or ".gpupool-checkpoints")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _write_latest(d: Path, name: str, step: int | None) -> None:
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".latest-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"path": name, "step": step, "t": time.time()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, d / LATEST)
+
+
+def save(obj: Any, step: int | None = None, name: str | None = None, keep: int = 3) -> Path:
+    """Save a checkpoint atomically and make it the newest; returns its path.
+
+    ``obj``: a path to an existing file or directory (copied in, e.g. a ``torch.save`` output), or
+    any picklable object (pickled; a PyTorch object is saved with ``torch.save``). ``step`` names
+    the file (``ckpt-000042.pkl``); ``name`` overrides the name. Only the newest ``keep``
+    checkpoints are kept (0 = all)."""
+    d = checkpoint_dir()
+    stem = _NAME.sub("_", name) if name else (f"ckpt-{step:06d}" if step is not None else f"ckpt-{time.time_ns()}")
+    src = Path(obj) if isinstance(obj, (str, os.PathLike)) and Path(obj).exists() else None
+    if src is not None:
+        target = d / (stem + "".join(src.suffixes) if src.is_file() and not name else stem)
+        tmp = d / f".tmp-{stem}-{os.getpid()}"
+        if src.is_dir():
+            shutil.copytree(src, tmp)
+        else:
+            shutil.copy2(src, tmp)
+    else:
+        torch = sys.modules.get("torch")
+        use_torch = torch is not None and type(obj).__module__.startswith("torch")
+        target = d / (stem if name and "." in stem else stem + (".pt" if use_torch else ".pkl"))
+        tmp = d / f".tmp-{stem}-{os.getpid()}"
+        if use_torch:
+            torch.save(obj, tmp)
+        else:
+            with open(tmp, "wb") as f:
+                pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.flush()
+                os.fsync(f.fileno())
+    if target.exists() and target.is_dir():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    _write_latest(d, target.name, step)
+    if keep:
+        _prune(d, keep, target.name)
+    return target
+
+
+def _prune(d: Path, keep: int, newest: str) -> None:
+    ckpts = sorted((p for p in d.iterdir() if p.name.startswith("ckpt-")), key=lambda p: p.stat().st_mtime)
+    for old in ckpts[:-keep]:
+        if old.name == newest:
+            continue
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def latest() -> Path | None:
+    """Path of the newest checkpoint, or None when the job has not saved one yet."""
+    d = Path(os.environ.get("GPUPOOL_CHECKPOINT_DIR") or ".gpupool-checkpoints")
+    try:
+        info = json.loads((d / LATEST).read_text())
+    except (OSError, ValueError):
+        return None
+    path = d / info.get("path", "")
+    return path if info.get("path") and path.exists() else None
+
+
+def load(default: Any = None) -> Any:
+    """The newest checkpoint's object (unpickled, or ``torch.load``-ed for ``.pt``), else ``default``."""
+    path = latest()
+    if path is None:
+        return default
+    if path.suffix == ".pt":
+        import torch
+
+        return torch.load(path, weights_only=False)
+    if path.suffix == ".pkl":
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    return path
+
+
+def should_stop() -> bool:
+    """True once the service asked this job to stop (preemption or cancel). Checks a file: call
+    it as often as you like (every step). Save a checkpoint and finish when it turns True."""
+    stop = os.environ.get("GPUPOOL_STOP_FILE")
+    return bool(stop) and os.path.exists(stop)
+
+
+def stop_reason() -> str | None:
+    """Why the job is asked to stop (e.g. "preempted: reclaimed by queue vision"), or None."""
+    stop = os.environ.get("GPUPOOL_STOP_FILE")
+    if not stop:
+        return None
+    try:
+        return json.loads(Path(stop).read_text()).get("reason") or "asked to stop"
+    except (OSError, ValueError):
+        return None
+
+
+def limit_gpu_memory() -> dict[str, Any]:
+    """Apply this job's GPU share to the frameworks already imported; returns what was applied.
+
+    A fractional GPU is a promise, not a hardware partition: call this after importing your
+    framework so it does not take more than the share. PyTorch:
+    ``torch.cuda.set_per_process_memory_fraction``; TensorFlow: a logical device with a memory
+    limit; JAX reads ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (already set by the service)."""
+    applied: dict[str, Any] = {}
+    fraction = float(os.environ.get("GPUPOOL_GPU_FRACTION") or 1.0)
+    limit = int(os.environ.get("GPUPOOL_GPU_MEMORY_LIMIT") or 0)
+    if fraction >= 1.0 and not limit:
+        return applied
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        for dev in range(torch.cuda.device_count()):
+            frac = fraction
+            if limit:
+                total = torch.cuda.get_device_properties(dev).total_memory
+                frac = min(1.0, limit / total)
+            torch.cuda.set_per_process_memory_fraction(frac, dev)
+        applied["torch"] = fraction
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and limit:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit // 2**20)])
+        applied["tensorflow"] = limit
+    return applied

@@ -1,0 +1,473 @@
+"""REST handlers of the gpupool service (docs/api.md)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select
+from tornado import web
+
+from ..scheduler.spec import SpecError, parse_workload
+from . import db as D
+from .auth import AuthError, Identity
+
+JOB_FIELDS = ("notebook", "notebook_content", "parameters", "gpus", "gpu_memory", "cpu", "memory", "queue", "kind",
+              "priority", "preemptible", "checkpoint_on_signal", "name", "sweep")
+JOB_KINDS = ("train", "hpo-trial", "inference")
+WORKSPACE_FIELDS = ("server", "gpus", "gpu_memory", "cpu", "memory", "queue", "preemptible", "priority", "name")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def allocation_view(allocation: list[dict] | None) -> list[dict]:
+    return [{"node": p["node"], "gpus": list(p.get("gpus", [])), "fraction": p.get("fraction", 1.0)}
+            for p in (allocation or [])]
+
+
+class BaseHandler(web.RequestHandler):
+    auth_required = True
+
+    @property
+    def svc(self) -> Any:
+        return self.application.settings["gpupool"]
+
+    def check_xsrf_cookie(self) -> None:  # token auth only; no cookies
+        return
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    async def prepare(self) -> None:
+        self.ident: Identity | None = None
+        if self.auth_required:
+            try:
+                self.ident = await self.svc.auth.identify(self)
+            except AuthError as e:
+                raise APIError(e.status, e.message) from None
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, APIError):
+            if not self._finished:
+                self.set_status(e.status)
+                body = {"status": e.status, "message": e.message}
+                if e.field:
+                    body["field"] = e.field
+                self.set_header("Content-Type", "application/json")
+                self.finish(json.dumps(body))
+            return
+        super()._handle_request_exception(e)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = self._reason
+        exc = kwargs.get("exc_info")
+        if exc and isinstance(exc[1], web.HTTPError) and exc[1].log_message:
+            message = exc[1].log_message
+        elif status_code >= 500:
+            message = "internal error in the gpupool service (see its log)"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def send(self, obj: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(obj))
+
+    def body(self) -> dict:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError as e:
+            raise APIError(400, f"body: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "body: must be a JSON object")
+        return data
+
+    def require_admin(self) -> None:
+        if not (self.ident and self.ident.admin):
+            raise APIError(403, "this needs the custom:gpupool:admin scope")
+
+    def require_user_token(self) -> None:
+        if self.ident is not None and self.ident.kind == "job":
+            raise APIError(403, "a job token may only read its own job and post its metrics")
+
+    def load_job(self, s: Any, job_id: str) -> D.Workload:
+        parsed = D.parse_public_id(job_id)
+        row = s.get(D.Workload, parsed[1]) if parsed and parsed[0] == D.JOB else None
+        if row is None or row.type != D.JOB:
+            raise APIError(404, f"no job {job_id!r}")
+        if not self.ident.owns(row):
+            raise APIError(403, f"job {job_id} belongs to another user")
+        return row
+
+
+# ---------------------------------------------------------------------------------- views
+
+def job_view(svc: Any, row: D.Workload, metrics: dict | None = None) -> dict:
+    st = svc.loop.state
+    pid = row.public_id
+    queued = row.status == D.QUEUED
+    reason = row.reason
+    if queued and pid in st.pending:
+        reason = st.pending[pid]
+    ckpt = None
+    if row.checkpoint_path or row.last_checkpoint_at:
+        ckpt = {"latest": row.checkpoint_path, "at": iso(row.last_checkpoint_at)}
+    return {
+        "id": pid, "name": row.name, "user": row.user, "queue": row.queue, "kind": row.kind,
+        "status": row.status, "reason": reason, "position": st.positions.get(pid) if queued else None,
+        "gpus": row.gpus, "gpu_memory": row.gpu_memory or None, "cpu": row.cpu, "memory": row.memory,
+        "priority": row.priority, "preemptible": row.preemptible, "checkpoint_on_signal": row.checkpoint_on_signal,
+        "notebook": row.notebook, "parameters": row.parameters or {}, "sweep": row.sweep,
+        "submitted_at": iso(row.submitted_at), "started_at": iso(row.started_at), "finished_at": iso(row.finished_at),
+        "preemptions": row.preemptions, "restarts": row.restarts, "attempts": row.attempt,
+        "allocation": allocation_view(row.allocation), "exit_code": row.exit_code,
+        "metrics": metrics if metrics is not None else {}, "checkpoint": ckpt,
+    }
+
+
+def workspace_view(svc: Any, row: D.Workload, env: bool = True) -> dict:
+    st = svc.loop.state
+    pid = row.public_id
+    queued = row.status == D.QUEUED
+    reason = st.pending.get(pid, row.reason) if queued else row.reason
+    out = {"id": pid, "user": row.user, "server": row.server, "status": row.status, "queue": row.queue,
+           "gpus": row.gpus, "gpu_memory": row.gpu_memory or None, "cpu": row.cpu, "memory": row.memory,
+           "preemptible": row.preemptible, "priority": row.priority, "reason": reason,
+           "position": st.positions.get(pid) if queued else None,
+           "allocation": allocation_view(row.allocation),
+           "submitted_at": iso(row.submitted_at), "started_at": iso(row.started_at)}
+    if env:
+        out["env"] = row.env or {} if row.status == D.RUNNING else {}
+    return out
+
+
+def metrics_for(s: Any, ids: list[int]) -> dict[int, dict[str, list]]:
+    out: dict[int, dict[str, list]] = {i: {} for i in ids}
+    if not ids:
+        return out
+    for chunk in range(0, len(ids), 500):
+        part = ids[chunk:chunk + 500]
+        q = select(D.Metric).where(D.Metric.workload_id.in_(part)).order_by(D.Metric.id)
+        for m in s.scalars(q):
+            out[m.workload_id].setdefault(m.name, []).append({"step": m.step, "value": m.value, "t": iso(m.t)})
+    return out
+
+
+# ---------------------------------------------------------------------------------- handlers
+
+class HealthHandler(BaseHandler):
+    auth_required = False
+
+    def get(self) -> None:
+        self.send({"ok": True, "cycles": self.svc.loop.state.cycles})
+
+
+class MetricsHandler(BaseHandler):
+    @property
+    def auth_required(self) -> bool:  # type: ignore[override]
+        return self.svc.settings.pool.metrics_require_auth
+
+    def get(self) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(self.svc.metrics.render())
+
+
+class QueuesHandler(BaseHandler):
+    def get(self) -> None:
+        self.require_user_token()
+        svc = self.svc
+        st = svc.loop.state
+        out = []
+        for q in svc.settings.queues:
+            view = st.queues.get(q.name)
+            acc = svc.settings.access.get(q.name, {})
+            out.append({
+                "name": q.name, "parent": q.parent, "deserved": q.deserved, "limit": q.limit,
+                "over_quota_weight": q.over_quota_weight, "priority": q.priority,
+                "fair_share": st.fair_share.get(q.name, {}), "allocated": st.allocated.get(q.name, {}),
+                "running": view.running if view else 0, "pending": view.pending if view else 0,
+                "users": acc.get("users", []), "groups": acc.get("groups", []),
+                "may_submit": svc.may_use(self.ident, q.name),
+            })
+        self.send({"queues": out})
+
+
+class NodesHandler(BaseHandler):
+    def get(self) -> None:
+        self.require_user_token()
+        svc = self.svc
+        with svc.sessions() as s:
+            rows = s.scalars(select(D.Workload).where(D.Workload.allocation.is_not(None))).all()
+        per_gpu: dict[tuple[str, int], list[dict]] = {}
+        for row in rows:
+            for p in row.allocation or []:
+                for g in p.get("gpus", []):
+                    per_gpu.setdefault((p["node"], g), []).append(
+                        {"workload": row.public_id, "kind": row.kind, "user": row.user,
+                         "fraction": p.get("fraction", 1.0)})
+        readings = svc.gpu_readings()
+        out = []
+        for n in svc.settings.nodes:
+            uuids = svc.settings.gpu_uuids.get(n.name) or []
+            live = readings.get(n.name, {})
+            gpus = []
+            for i in range(n.gpus):
+                allocs = per_gpu.get((n.name, i), [])
+                r = live.get(i, {})
+                gpus.append({"index": i, "uuid": uuids[i] if i < len(uuids) else None,
+                             "allocated": round(sum(a["fraction"] for a in allocs), 3),
+                             "utilization": r.get("utilization"), "memory_used": r.get("memory_used"),
+                             "memory_total": r.get("memory_total") or n.gpu_memory or None,
+                             "allocations": allocs})
+            out.append({"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory,
+                        "schedulable": n.schedulable, "labels": n.labels, "gpus": gpus})
+        self.send({"nodes": out})
+
+
+class JobsHandler(BaseHandler):
+    def get(self) -> None:
+        self.require_user_token()
+        ident = self.ident
+        q = select(D.Workload).where(D.Workload.type == D.JOB)
+        user = self.get_argument("user", None)
+        if user and not ident.admin and user != ident.name:
+            raise APIError(403, "you may only list your own jobs", "user")
+        if not ident.admin:
+            user = ident.name
+        if user:
+            q = q.where(D.Workload.user == user)
+        status = self.get_argument("status", None)
+        if status:
+            wanted = [x.strip() for x in status.split(",") if x.strip()]
+            bad = [x for x in wanted if x not in D.STATUSES]
+            if bad:
+                raise APIError(400, f"status: unknown status {bad[0]!r} (use {', '.join(D.STATUSES)})", "status")
+            q = q.where(D.Workload.status.in_(wanted))
+        for arg in ("sweep", "queue", "kind", "name"):
+            val = self.get_argument(arg, None)
+            if val:
+                q = q.where(getattr(D.Workload, arg) == val)
+        limit = self.get_argument("limit", None)
+        q = q.order_by(D.Workload.id)
+        if limit:
+            try:
+                n = int(limit)
+                assert n > 0
+            except (ValueError, AssertionError):
+                raise APIError(400, "limit: must be a positive integer", "limit") from None
+            q = q.order_by(None).order_by(D.Workload.id.desc()).limit(n)
+        with self.svc.sessions() as s:
+            rows = list(s.scalars(q))
+            if limit:
+                rows.reverse()
+            ms = metrics_for(s, [r.id for r in rows])
+        self.send({"jobs": [job_view(self.svc, r, ms[r.id]) for r in rows]})
+
+    async def post(self) -> None:
+        self.require_user_token()
+        data = self.body()
+        row = self.svc.new_job(self.ident, data)
+        self.svc.loop.wake()
+        self.send(job_view(self.svc, row, {}), 201)
+
+
+class JobHandler(BaseHandler):
+    def get(self, job_id: str) -> None:
+        with self.svc.sessions() as s:
+            row = self.load_job(s, job_id)
+            ms = metrics_for(s, [row.id])
+        self.send(job_view(self.svc, row, ms[row.id]))
+
+    async def delete(self, job_id: str) -> None:
+        self.require_user_token()
+        svc = self.svc
+        with svc.sessions() as s:
+            row = self.load_job(s, job_id)
+            who = self.ident.name
+            now = time.time()
+            if row.status == D.QUEUED and row.allocation is None:
+                row.status = D.CANCELLED
+                row.finished_at = now
+                row.reason = f"cancelled by {who} before it started"
+                s.commit()
+                svc.metrics.finished.labels(status=D.CANCELLED).inc()
+            elif row.allocation is not None and row.stop_cause != "cancel":
+                await svc.loop.request_stop(row, "cancel", f"cancelled by {who}", now, session=s)
+            ms = metrics_for(s, [row.id])
+        svc.loop.wake()
+        self.send(job_view(svc, row, ms[row.id]))
+
+
+class JobLogHandler(BaseHandler):
+    def get(self, job_id: str) -> None:
+        svc = self.svc
+        with svc.sessions() as s:
+            row = self.load_job(s, job_id)
+        try:
+            offset = int(self.get_argument("offset", "0"))
+            assert offset >= 0
+        except (ValueError, AssertionError):
+            raise APIError(400, "offset: must be a non-negative integer", "offset") from None
+        path = os.path.join(svc.settings.pool.job_root, row.public_id, "log.txt")
+        data = b""
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                limit = svc.settings.pool.max_log_bytes
+                data = f.read(limit) if limit else f.read()
+        except FileNotFoundError:
+            offset = 0
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("X-Log-Offset", str(offset + len(data)))
+        self.finish(data)
+
+
+class JobOutputHandler(BaseHandler):
+    def get(self, job_id: str) -> None:
+        svc = self.svc
+        with svc.sessions() as s:
+            row = self.load_job(s, job_id)
+        path = os.path.join(svc.settings.pool.job_root, row.public_id, "output.ipynb")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            why = ("it has not started yet" if row.status == D.QUEUED and not row.attempt
+                   else "papermill has not written it yet" if row.status in D.ACTIVE
+                   else "it never ran" if not row.attempt else "papermill wrote none")
+            raise APIError(404, f"no output notebook for {row.public_id}: {why}") from None
+        self.set_header("Content-Type", "application/x-ipynb+json")
+        self.finish(data)
+
+
+class JobMetricsHandler(BaseHandler):
+    def post(self, job_id: str) -> None:
+        data = self.body()
+        name = data.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name) > 255:
+            raise APIError(400, "name: is required (a metric name)", "name")
+        value = data.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise APIError(400, "value: must be a number", "value")
+        step = data.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise APIError(400, "step: must be an integer", "step")
+        for key in data:
+            if key not in ("name", "value", "step"):
+                raise APIError(400, f"{key}: unknown field (allowed: name, step, value)", key)
+        with self.svc.sessions() as s:
+            row = self.load_job(s, job_id)
+            m = D.Metric(workload_id=row.id, name=name, step=step, value=float(value), t=time.time())
+            s.add(m)
+            s.commit()
+        self.send({"job": row.public_id, "name": name, "step": step, "value": float(value), "t": iso(m.t)}, 201)
+
+
+class WorkspacesHandler(BaseHandler):
+    def get(self) -> None:
+        self.require_user_token()
+        with self.svc.sessions() as s:
+            rows = s.scalars(select(D.Workload).where(D.Workload.type == D.WORKSPACE,
+                                                      D.Workload.status.in_(D.ACTIVE)).order_by(D.Workload.id)).all()
+        ident = self.ident
+        self.send({"workspaces": [workspace_view(self.svc, r, env=ident.admin or r.user == ident.name) for r in rows]})
+
+
+class WorkspaceHandler(BaseHandler):
+    def _find(self, s: Any, user: str, server: str) -> D.Workload | None:
+        return s.scalars(select(D.Workload).where(D.Workload.type == D.WORKSPACE, D.Workload.user == user,
+                                                  D.Workload.server == server,
+                                                  D.Workload.status.in_(D.ACTIVE))).first()
+
+    def get(self, user: str, server: str | None = None) -> None:
+        self.require_user_token()
+        if not (self.ident.admin or self.ident.name == user):
+            raise APIError(403, f"the workspace of {user} belongs to another user")
+        with self.svc.sessions() as s:
+            row = self._find(s, user, server or "")
+        if row is None:
+            raise APIError(404, f"no workspace for {user}{'/' + server if server else ''}")
+        self.send(workspace_view(self.svc, row))
+
+    async def post(self, user: str, server: str | None = None) -> None:
+        self.require_admin()
+        data = self.body()
+        if server is None:
+            server = data.get("server", "") or ""
+        if not isinstance(server, str):
+            raise APIError(400, "server: must be a string", "server")
+        row, created = await self.svc.request_workspace(user, server, data)
+        self.svc.loop.wake()
+        self.send(workspace_view(self.svc, row), 201 if created else 200)
+
+    def delete(self, user: str, server: str | None = None) -> None:
+        self.require_admin()
+        svc = self.svc
+        with svc.sessions() as s:
+            row = self._find(s, user, server or "")
+            if row is None:
+                raise APIError(404, f"no workspace for {user}{'/' + server if server else ''}")
+            view = workspace_view(svc, row)
+            s.delete(row)  # frees its GPUs at once: the server is gone
+            s.commit()
+        svc.loop.wake()
+        view.update(status="stopped", allocation=[], env={}, reason="stopped: its GPUs are free")
+        self.send(view)
+
+
+class NotFoundHandler(BaseHandler):
+    auth_required = False
+
+    def prepare(self) -> None:  # type: ignore[override]
+        raise APIError(404, f"no such endpoint: {self.request.method} {self.request.path}")
+
+
+class RootHandler(BaseHandler):
+    auth_required = False
+
+    def get(self) -> None:
+        self.send({"service": "gpupool", "api": "api/v1/", "health": "api/v1/health"})
+
+
+def routes(prefix: str) -> list[tuple]:
+    api = prefix.rstrip("/") + "/api/v1"
+    return [
+        (rf"{api}/health/?", HealthHandler),
+        (rf"{api}/metrics/?", MetricsHandler),
+        (rf"{api}/queues/?", QueuesHandler),
+        (rf"{api}/nodes/?", NodesHandler),
+        (rf"{api}/jobs/?", JobsHandler),
+        (rf"{api}/jobs/([^/]+)/?", JobHandler),
+        (rf"{api}/jobs/([^/]+)/log/?", JobLogHandler),
+        (rf"{api}/jobs/([^/]+)/output/?", JobOutputHandler),
+        (rf"{api}/jobs/([^/]+)/metrics/?", JobMetricsHandler),
+        (rf"{api}/workspaces/?", WorkspacesHandler),
+        (rf"{api}/workspaces/([^/]+)/?", WorkspaceHandler),
+        (rf"{api}/workspaces/([^/]+)/([^/]*)/?", WorkspaceHandler),
+        (rf"{prefix.rstrip('/')}/?", RootHandler),
+        (r".*", NotFoundHandler),
+    ]
+
+
+def spec_error(e: SpecError) -> APIError:
+    field = e.path.split(".", 1)[1] if "." in e.path else e.path
+    return APIError(400, f"{field}: {e.message}", field)
+
+
+__all__ = ["routes", "APIError", "JOB_FIELDS", "JOB_KINDS", "WORKSPACE_FIELDS", "parse_workload", "spec_error"]

@@ -1,0 +1,353 @@
+"""The gpupool service: ``python -m gpupool.hub_ext.app``, started by JupyterHub (``configure(c)``).
+
+It reads its configuration from ``GPUPOOL_CONFIG`` (JSON of every ``c.GPUPool`` trait, computed
+by the hub when it starts the service), listens on ``JUPYTERHUB_SERVICE_URL`` under
+``JUPYTERHUB_SERVICE_PREFIX``, authenticates requests through the Hub (``JUPYTERHUB_API_URL``,
+``JUPYTERHUB_API_TOKEN``) and runs the scheduling loop.
+
+Only one instance may run the loop against a job root: it holds an exclusive lock on
+``<job_root>/.service.lock`` (released by the kernel even on SIGKILL). SIGTERM / SIGINT stop it
+promptly; running jobs keep running and are re-adopted by the next start.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import importlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy import select
+from tornado import web
+
+from ..scheduler.spec import SpecError, parse_workload
+from . import db as D
+from .api import JOB_FIELDS, JOB_KINDS, WORKSPACE_FIELDS, APIError, routes, spec_error
+from .auth import Authenticator, Identity
+from .config import GPUPoolConfigError, Settings, from_json
+from .loop import SchedulerLoop
+from .metrics import Metrics
+
+log = logging.getLogger("gpupool")
+
+
+def make_backend(name: str, settings: Settings) -> Any:
+    if name in ("", "local"):
+        from ..backends.local import LocalBackend
+
+        return LocalBackend(settings, logging.getLogger("gpupool.backend"))
+    module, _, cls = name.rpartition(".")
+    if not module:
+        raise GPUPoolConfigError(f"c.GPUPool.backend: {name!r} is neither 'local' nor a module.Class path")
+    try:
+        return getattr(importlib.import_module(module), cls)(settings, logging.getLogger("gpupool.backend"))
+    except (ImportError, AttributeError) as e:
+        raise GPUPoolConfigError(f"c.GPUPool.backend: cannot load {name!r}: {e}") from None
+
+
+class Service:
+    """Shared state of the handlers: settings, database, loop, auth, metrics; the submission logic."""
+
+    def __init__(self, settings: Settings, sessions: Any, loop: SchedulerLoop, auth: Authenticator,
+                 metrics: Metrics, nvml: Any = None):
+        self.settings = settings
+        self.sessions = sessions
+        self.loop = loop
+        self.auth = auth
+        self.metrics = metrics
+        self.nvml = nvml
+        self.queue_map = {q.name: q for q in settings.queues}
+        parents = {q.parent for q in settings.queues if q.parent}
+        self.leaves = [q.name for q in settings.queues if q.name not in parents]
+        self.max_gpus = max((n.gpus for n in settings.nodes), default=0)
+        self.max_gpu_memory = max((n.gpu_memory for n in settings.nodes if n.gpus), default=0)
+
+    # ------------------------------------------------------------------ queue access
+    def may_use(self, ident: Identity, queue: str) -> bool:
+        if queue not in self.leaves:
+            return False
+        if ident.admin:
+            return True
+        acc = self.settings.access.get(queue, {})
+        users, groups = acc.get("users", []), acc.get("groups", [])
+        if not users and not groups:
+            return True
+        return ident.name in users or any(g in groups for g in ident.groups)
+
+    def default_queue(self, ident: Identity) -> str | None:
+        pref = self.settings.pool.default_queue
+        if pref and self.may_use(ident, pref):
+            return pref
+        return next((q for q in self.leaves if self.may_use(ident, q)), None)
+
+    def _queue(self, ident: Identity, data: dict) -> str:
+        queue = data.get("queue")
+        if queue is None or queue == "":
+            queue = self.default_queue(ident)
+            if queue is None:
+                raise APIError(403, f"{ident.name} may not use any queue; ask an admin to add you to one in "
+                                    "c.GPUPool.queues", "queue")
+            return queue
+        if not isinstance(queue, str):
+            raise APIError(400, "queue: must be a queue name", "queue")
+        if queue not in self.queue_map:
+            raise APIError(400, f"queue: unknown queue {queue!r} (queues: {', '.join(self.leaves)})", "queue")
+        if queue not in self.leaves:
+            raise APIError(400, f"queue: {queue!r} is a department (it has child queues); submit to one of its "
+                                "leaf queues", "queue")
+        if not self.may_use(ident, queue):
+            raise APIError(403, f"queue: {ident.name} may not submit to queue {queue!r}", "queue")
+        return queue
+
+    def _resources(self, data: dict, queue: str, kind: str, user: str) -> Any:
+        entry: dict[str, Any] = {"name": "request", "queue": queue, "kind": kind, "user": user}
+        for key in ("gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible", "checkpoint_on_signal"):
+            if key in data and data[key] is not None:
+                entry[key] = data[key]
+        try:
+            w = parse_workload(entry, "request", self.queue_map)
+        except SpecError as e:
+            raise spec_error(e) from None
+        if w.gpus > 0 and self.max_gpus == 0:
+            raise APIError(400, "gpus: the pool has no GPUs (ask for gpus: 0 or none)", "gpus")
+        if w.gpus > self.max_gpus:
+            raise APIError(400, f"gpus: no node has {w.gpus:g} GPUs (the largest has {self.max_gpus})", "gpus")
+        if w.gpu_memory:
+            if self.max_gpus == 0:
+                raise APIError(400, "gpu_memory: the pool has no GPUs", "gpu_memory")
+            if self.max_gpu_memory and w.gpu_memory > self.max_gpu_memory:
+                from ..scheduler.units import format_bytes
+
+                raise APIError(400, f"gpu_memory: no GPU has {format_bytes(w.gpu_memory)} "
+                                    f"(the largest has {format_bytes(self.max_gpu_memory)})", "gpu_memory")
+        return w
+
+    # ------------------------------------------------------------------ jobs
+    def new_job(self, ident: Identity, data: dict) -> D.Workload:
+        for key in data:
+            if key not in JOB_FIELDS:
+                raise APIError(400, f"{key}: unknown field (allowed: {', '.join(JOB_FIELDS)})", key)
+        nb, content = data.get("notebook"), data.get("notebook_content")
+        if (nb is None) == (content is None):
+            raise APIError(400, "notebook: give exactly one of notebook (a path) and notebook_content", "notebook")
+        kind = data.get("kind", "train")
+        if kind not in JOB_KINDS:
+            raise APIError(400, f"kind: must be one of {', '.join(JOB_KINDS)} (workspaces are interactive)", "kind")
+        queue = self._queue(ident, data)
+        w = self._resources(data, queue, kind, ident.name)
+        params = data.get("parameters", {})
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise APIError(400, "parameters: must be an object of papermill parameters", "parameters")
+        sweep = data.get("sweep")
+        if sweep is not None and (not isinstance(sweep, str) or len(sweep) > 255):
+            raise APIError(400, "sweep: must be a string (a sweep id)", "sweep")
+        source: str | None = None
+        if nb is not None:
+            if not isinstance(nb, str) or not nb.strip():
+                raise APIError(400, "notebook: must be a path relative to your working directory", "notebook")
+            if os.path.isabs(nb):
+                raise APIError(400, "notebook: must be relative to your working directory, not absolute", "notebook")
+            try:
+                workdir = self.loop.workdir(ident.name)
+            except ValueError as e:
+                raise APIError(400, f"notebook: {e}", "notebook") from None
+            real_dir = os.path.realpath(workdir)
+            source = os.path.realpath(os.path.join(workdir, nb))
+            if not source.startswith(real_dir + os.sep):
+                raise APIError(400, "notebook: must stay inside your working directory", "notebook")
+            if not os.path.isfile(source):
+                raise APIError(400, f"notebook: no such file {nb!r} in your working directory ({workdir})", "notebook")
+            try:
+                with open(source, "rb") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError) as e:
+                raise APIError(400, f"notebook: {nb!r} is not a readable Jupyter notebook ({e})", "notebook") from None
+            _check_notebook(doc, "notebook")
+            name_default = os.path.splitext(os.path.basename(nb))[0]
+        else:
+            _check_notebook(content, "notebook_content")
+            name_default = "notebook"
+        name = data.get("name") or name_default
+        if not isinstance(name, str) or len(name) > 255:
+            raise APIError(400, "name: must be a string of at most 255 characters", "name")
+        try:
+            params_json = json.loads(json.dumps(params))
+        except (TypeError, ValueError):
+            raise APIError(400, "parameters: must be JSON values", "parameters") from None
+        with self.sessions() as s:
+            row = D.Workload(type=D.JOB, user=ident.name, server="", name=name, queue=queue, kind=kind,
+                             gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority,
+                             preemptible=w.preemptible, checkpoint_on_signal=w.checkpoint_on_signal,
+                             notebook=nb, parameters=params_json, sweep=sweep, status=D.QUEUED,
+                             reason="submitted; waiting for the scheduler's next cycle", submitted_at=time.time(),
+                             preemptions=0, restarts=0, attempt=0)
+            s.add(row)
+            s.flush()
+            jdir = os.path.join(self.settings.pool.job_root, row.public_id)
+            os.makedirs(jdir, exist_ok=True)
+            target = os.path.join(jdir, "input.ipynb")
+            if source is not None:
+                shutil.copyfile(source, target)
+            else:
+                with open(target, "w") as f:
+                    json.dump(content, f)
+            s.commit()  # persisted before the 201
+        self.metrics.submitted.inc()
+        return row
+
+    # ------------------------------------------------------------------ workspaces
+    async def request_workspace(self, user: str, server: str, data: dict) -> tuple[D.Workload, bool]:
+        for key in data:
+            if key not in WORKSPACE_FIELDS:
+                raise APIError(400, f"{key}: unknown field (allowed: {', '.join(WORKSPACE_FIELDS)})", key)
+        groups, admin = await self.auth.user_info(user)
+        owner = Identity(name=user, groups=groups, admin=admin)
+        queue = self._queue(owner, data)
+        fields = dict(data)
+        if fields.get("preemptible") is None:
+            fields["preemptible"] = self.settings.pool.workspace_preemptible_default
+        w = self._resources(fields, queue, "interactive", user)
+        with self.sessions() as s:
+            existing = s.scalars(select(D.Workload).where(D.Workload.type == D.WORKSPACE, D.Workload.user == user,
+                                                          D.Workload.server == server,
+                                                          D.Workload.status.in_(D.ACTIVE))).first()
+            if existing is not None:
+                same = (existing.queue, existing.gpus, existing.gpu_memory, existing.preemptible) == \
+                       (queue, w.gpus, w.gpu_memory, w.preemptible)
+                if same:
+                    return existing, False
+                s.delete(existing)  # a different request replaces the old one
+            row = D.Workload(type=D.WORKSPACE, user=user, server=server, name=data.get("name") or server or user,
+                             queue=queue, kind="interactive", gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu,
+                             memory=w.memory, priority=w.priority, preemptible=w.preemptible,
+                             checkpoint_on_signal=False, parameters={}, status=D.QUEUED,
+                             reason="requested; waiting for the scheduler's next cycle", submitted_at=time.time(),
+                             preemptions=0, restarts=0, attempt=0)
+            s.add(row)
+            s.commit()
+        return row, True
+
+    # ------------------------------------------------------------------ live GPU readings
+    def gpu_readings(self) -> dict[str, dict[int, dict]]:
+        if self.nvml is None:
+            return {}
+        out = {}
+        for node in self.settings.gpu_uuids:  # nodes discovered through NVML on this machine
+            out[node] = self.nvml.utilization()
+        return out
+
+
+def _check_notebook(doc: Any, field: str) -> None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
+        raise APIError(400, f"{field}: not a Jupyter notebook (an object with a 'cells' list)", field)
+    if doc.get("nbformat") != 4:
+        raise APIError(400, f"{field}: must be an nbformat 4 notebook", field)
+
+
+def _acquire_lock(path: str, wait: float = 15.0) -> Any:
+    f = open(path, "a+")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
+            return f
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                return None
+            time.sleep(0.2)
+
+
+async def serve(settings: Settings) -> int:
+    pool = settings.pool
+    service_url = os.environ.get("JUPYTERHUB_SERVICE_URL") or f"http://127.0.0.1:{pool.port}"
+    u = urlparse(service_url)
+    host, port = u.hostname or "127.0.0.1", u.port or pool.port
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or f"/services/{pool.service_name}/"
+    os.makedirs(pool.job_root, exist_ok=True)
+    lock = _acquire_lock(os.path.join(pool.job_root, ".service.lock"))
+    if lock is None:
+        log.error("another gpupool service holds %s; not starting a second scheduler on the same jobs",
+                  os.path.join(pool.job_root, ".service.lock"))
+        return 3
+    engine = D.make_engine(pool.db_url)
+    sessions = D.make_sessionmaker(engine)
+    backend = make_backend(pool.backend, settings)
+    from ..backends import nvml as nvml_mod
+
+    nvml = nvml_mod if nvml_mod.available() else None
+    if nvml is None:
+        log.info("NVML not available: GPU memory enforcement and live readings are off")
+    metrics = Metrics()
+    api_url = pool.api_url or f"http://{host}:{port}{prefix.rstrip('/')}/api/v1/"
+    loop = SchedulerLoop(settings, sessions, backend, metrics, api_url=api_url, nvml=nvml)
+    from jupyterhub.services.auth import HubAuth
+
+    hub_auth = HubAuth(cache_max_age=60)
+    auth = Authenticator(hub_auth, sessions, hub_auth.api_url, hub_auth.api_token, pool.group_cache_seconds)
+    svc = Service(settings, sessions, loop, auth, metrics, nvml)
+    app = web.Application(routes(prefix), gpupool=svc, log_function=_log_request)
+    server = app.listen(port, address=host, xheaders=True)
+    log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),
+             prefix, len(settings.nodes), sum(n.gpus for n in settings.nodes), len(settings.queues),
+             engine.url.render_as_string(hide_password=True), pool.job_root)
+    stop = asyncio.Event()
+    aloop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aloop.add_signal_handler(sig, stop.set)
+    await loop.start()
+    await stop.wait()
+    log.info("stopping (running jobs keep running; the next start re-adopts them)")
+    server.stop()
+    await loop.stop()
+    engine.dispose()
+    lock.close()
+    return 0
+
+
+def _log_request(handler: web.RequestHandler) -> None:
+    status = handler.get_status()
+    if status >= 500:
+        level = logging.ERROR
+    elif status >= 400:
+        level = logging.INFO
+    else:
+        level = logging.DEBUG
+    log.log(level, "%d %s %s %.1fms", status, handler.request.method, handler.request.uri,
+            1000 * handler.request.request_time())
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("GPUPOOL_LOG_LEVEL", "INFO"),
+                        format="[gpupool %(asctime)s %(levelname)s %(name)s] %(message)s")
+    for noisy in ("alembic", "sqlalchemy", "tornado.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    text = os.environ.get("GPUPOOL_CONFIG")
+    if not text:
+        print("gpupool service: GPUPOOL_CONFIG is not set. Start the service through JupyterHub: "
+              "put `from gpupool.hub_ext import configure; configure(c)` in jupyterhub_config.py (docs/hub.md).",
+              file=sys.stderr)
+        return 2
+    try:
+        settings = from_json(text)
+    except GPUPoolConfigError as e:
+        print(f"gpupool service: bad configuration: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""``c.GPUPool``: every admin knob of the gpupool hub service, as traitlets.
+
+The admin writes, in ``jupyterhub_config.py``::
+
+    from gpupool.hub_ext import configure
+    configure(c)
+    c.GPUPool.queues = [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"], "groups": ["cv"]}]
+    c.GPUPool.nodes = [{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]
+
+How the service gets this configuration: ``configure(c)`` registers the service with an
+environment variable ``GPUPOOL_CONFIG`` whose value JupyterHub computes when it starts the
+service (a callable environment value, evaluated after the whole config file ran, so
+``c.GPUPool`` may be set before or after ``configure(c)``). The callable validates everything
+(:func:`load`), resolves defaults that depend on the hub's working directory, and hands the
+service a JSON document of every ``GPUPool`` trait. A bad entry raises :class:`GPUPoolConfigError`
+there, which stops the hub at start-up with the message (e.g. ``c.GPUPool.queues[0].deserved.gpu:
+must be >= 0``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union
+from traitlets.config import Config, Configurable
+
+from ..scheduler.model import NodeSpec, QueueSpec
+from ..scheduler.placement import POLICIES
+from ..scheduler.spec import SpecError, parse_nodes, parse_queues
+
+QUEUE_ACCESS_FIELDS = ("users", "groups")
+
+
+class GPUPoolConfigError(ValueError):
+    """A bad ``c.GPUPool`` setting; the message names it."""
+
+
+class GPUPool(Configurable):
+    """The gpupool hub service: queues, nodes and how jobs run."""
+
+    queues = List(
+        Dict(),
+        default_value=[],
+        help="""Queues, in the scenario format (name, parent, deserved, limit, over_quota_weight,
+        priority) plus who may use each leaf queue: ``users`` (names) and ``groups`` (JupyterHub
+        groups). A queue with neither is open to every user. Example:
+        ``[{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"], "groups": ["cv"]}]``.
+        Empty: one queue ``default`` open to everyone, deserving all GPUs.
+        Changes apply when the hub restarts; queued and running jobs are kept.""",
+    ).tag(config=True)
+
+    nodes = Union(
+        [List(Dict()), Unicode()],
+        default_value=None,
+        allow_none=True,
+        help="""Nodes and their GPUs, in the scenario format (name, count, gpus, gpu_memory,
+        gpu_model, cpu, memory, labels), e.g. ``[{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]``.
+        Unset (None): this machine's GPUs as reported by NVML. An empty list: no GPUs
+        (CPU-only jobs still run).""",
+    ).tag(config=True)
+
+    db_url = Unicode(
+        "",
+        help="""SQLAlchemy URL of the service's state database. Default: SQLite file
+        ``gpupool.sqlite`` in the hub's working directory (WAL mode).""",
+    ).tag(config=True)
+
+    cycle_seconds = Float(
+        2.0, help="Seconds between scheduling cycles (a submission or release also wakes the loop at once)."
+    ).tag(config=True)
+
+    preemption_grace = Float(
+        30.0,
+        help="""Seconds a preempted or cancelled job gets to checkpoint and exit after it is asked
+        to stop (``gpupool.checkpoint.should_stop()`` turns True) before it is terminated.""",
+    ).tag(config=True)
+
+    kill_after = Float(
+        5.0, help="Seconds between SIGTERM and SIGKILL when a job does not exit after its grace period."
+    ).tag(config=True)
+
+    min_runtime = Float(
+        0.0, help="Seconds a started preemptible job is protected from preemption."
+    ).tag(config=True)
+
+    placement = Enum(
+        list(POLICIES), default_value="default", help="Placement policy of the scheduler."
+    ).tag(config=True)
+
+    job_root = Unicode(
+        "",
+        help="""Directory holding each job's files: ``<job_root>/<job id>/`` with the submitted
+        notebook, the executed output notebook, the log, and ``checkpoints/`` (kept across
+        requeues). Default: ``gpupool-jobs`` in the hub's working directory.""",
+    ).tag(config=True)
+
+    work_dir = Unicode(
+        "{home}",
+        help="""Working directory of a user's jobs (papermill runs the notebook there; a job's
+        ``notebook`` path is relative to it). ``{home}`` is the user's home directory from the
+        system's user database, ``{user}`` the JupyterHub user name, e.g. ``/srv/homes/{user}``.""",
+    ).tag(config=True)
+
+    run_as_user = Bool(
+        True,
+        help="""When the service runs as root, run each job as the system user of the same name
+        (the job fails with a clear reason if there is none). Set False to run jobs as the
+        service's own user (e.g. a demo with users that have no system account).""",
+    ).tag(config=True)
+
+    job_python = Unicode(
+        "",
+        help="Python interpreter that runs papermill for jobs (default: the service's own).",
+    ).tag(config=True)
+
+    kernel_name = Unicode(
+        "", help="Jupyter kernel for jobs (default: the one named in the notebook's metadata)."
+    ).tag(config=True)
+
+    backend = Unicode(
+        "local",
+        help="""Job backend: ``local`` (jobs are processes on this machine) or an import path
+        ``package.module.Class`` of a :class:`gpupool.backends.base.JobBackend`.""",
+    ).tag(config=True)
+
+    memory_enforcement = Enum(
+        ["report", "stop"],
+        default_value="report",
+        help="""What to do when NVML shows a fractional-GPU job using more GPU memory than its
+        share: ``report`` (say so in the job's reason) or ``stop`` (stop it; it fails with that
+        reason). Dormant without NVML.""",
+    ).tag(config=True)
+
+    workspace_preemptible_default = Bool(
+        False,
+        help="Whether a workspace (notebook server) is preemptible when its request does not say.",
+    ).tag(config=True)
+
+    default_queue = Unicode(
+        "", help="Queue of a submission that names none (default: the user's first permitted queue)."
+    ).tag(config=True)
+
+    port = Integer(
+        10101, help="Port the service listens on (127.0.0.1). Set it before calling configure(c)."
+    ).tag(config=True)
+
+    service_name = Unicode("gpupool", help="Name of the JupyterHub service.").tag(config=True)
+
+    api_token = Unicode(
+        "",
+        help="""API token of the service (JupyterHub service token). Default: a fresh random
+        token at each hub start. In-hub code (the spawner) uses it to call the service.""",
+    ).tag(config=True)
+
+    api_url = Unicode(
+        "",
+        help="""URL jobs use to reach the service (GPUPOOL_API_URL in a job's environment).
+        Default: the service's own URL.""",
+    ).tag(config=True)
+
+    max_log_bytes = Integer(
+        0, help="Largest log response in bytes (0 = no limit); clients page with ?offset=."
+    ).tag(config=True)
+
+    metrics_require_auth = Bool(
+        False, help="Whether GET metrics (Prometheus) needs a token with a gpupool scope."
+    ).tag(config=True)
+
+    group_cache_seconds = Float(
+        30.0, help="How long the service caches a user's JupyterHub groups and admin flag."
+    ).tag(config=True)
+
+
+@dataclass
+class Settings:
+    """The validated, resolved configuration the service runs with."""
+
+    pool: GPUPool
+    queues: list[QueueSpec]
+    access: dict[str, dict[str, list[str]]]  # leaf queue -> {"users": [...], "groups": [...]}
+    nodes: list[NodeSpec]
+    gpu_uuids: dict[str, list[str]] = field(default_factory=dict)  # node -> uuid per index (NVML)
+
+
+def _traits_json(pool: GPUPool) -> dict[str, Any]:
+    return {name: getattr(pool, name) for name in pool.trait_names(config=True)}
+
+
+def _resolve(pool: GPUPool, cwd: str) -> None:
+    if not pool.db_url:
+        pool.db_url = "sqlite:///" + os.path.join(cwd, "gpupool.sqlite")
+    if not pool.job_root:
+        pool.job_root = os.path.join(cwd, "gpupool-jobs")
+    pool.job_root = os.path.abspath(pool.job_root)
+
+
+def load(config: Config | GPUPool | dict, cwd: str | None = None, discover: bool = True) -> Settings:
+    """Validate a ``GPUPool`` configuration and resolve it into :class:`Settings`.
+
+    Raises :class:`GPUPoolConfigError` naming the setting at fault."""
+    if isinstance(config, GPUPool):
+        pool = config
+    else:
+        if isinstance(config, dict) and not isinstance(config, Config):
+            config = Config({"GPUPool": config})
+        try:
+            pool = GPUPool(config=config)
+        except Exception as e:  # traitlets TraitError: wrong type for a knob
+            raise GPUPoolConfigError(f"c.GPUPool: {e}") from None
+    _resolve(pool, cwd or os.getcwd())
+    raw = pool.queues or [{"name": "default"}]
+    try:
+        queues = parse_queues(raw, "c.GPUPool.queues", extra_fields=QUEUE_ACCESS_FIELDS)
+    except SpecError as e:
+        raise GPUPoolConfigError(str(e)) from None
+    access: dict[str, dict[str, list[str]]] = {}
+    for i, entry in enumerate(raw):
+        for key in QUEUE_ACCESS_FIELDS:
+            val = entry.get(key, [])
+            if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
+                raise GPUPoolConfigError(f"c.GPUPool.queues[{i}].{key}: must be a list of names")
+        access[entry["name"]] = {k: list(entry.get(k, [])) for k in QUEUE_ACCESS_FIELDS}
+    uuids: dict[str, list[str]] = {}
+    if pool.nodes is None:
+        nodes = []
+        if discover:
+            from ..backends import nvml
+
+            nodes = nvml.discover_nodes()
+            if not nodes:
+                raise GPUPoolConfigError(
+                    "c.GPUPool.nodes: not set and NVML finds no GPU on this machine; declare the "
+                    "GPUs, e.g. c.GPUPool.nodes = [{'name': 'box', 'gpus': 4, 'gpu_memory': '24Gi'}] "
+                    "(or c.GPUPool.nodes = [] for CPU-only jobs)")
+            uuids = {nodes[0].name: [g["uuid"] for g in nvml.gpus()]}
+    else:
+        if isinstance(pool.nodes, str):
+            raise GPUPoolConfigError("c.GPUPool.nodes: must be a list of node entries")
+        try:
+            nodes = parse_nodes(pool.nodes, "c.GPUPool.nodes")
+        except SpecError as e:
+            raise GPUPoolConfigError(str(e)) from None
+    if pool.default_queue and pool.default_queue not in access:
+        raise GPUPoolConfigError(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
+    if pool.cycle_seconds <= 0:
+        raise GPUPoolConfigError("c.GPUPool.cycle_seconds: must be > 0")
+    for knob in ("preemption_grace", "min_runtime", "kill_after"):
+        if getattr(pool, knob) < 0:
+            raise GPUPoolConfigError(f"c.GPUPool.{knob}: must be >= 0")
+    if "{" in pool.work_dir:
+        try:
+            pool.work_dir.format(home="/h", user="u")
+        except (KeyError, IndexError, ValueError) as e:
+            raise GPUPoolConfigError(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}") from None
+    return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids)
+
+
+def to_json(settings: Settings) -> str:
+    """The document handed to the service (GPUPOOL_CONFIG)."""
+    doc = _traits_json(settings.pool)
+    return json.dumps({"GPUPool": doc})
+
+
+def from_json(text: str) -> Settings:
+    """The service side of :func:`to_json`."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise GPUPoolConfigError(f"GPUPOOL_CONFIG is not JSON: {e}") from None
+    return load(Config(doc), discover=True)

@@ -1,0 +1,122 @@
+"""The service's state: one table of workloads (jobs and workspaces) and one of job metrics.
+
+SQLAlchemy 2; SQLite by default (WAL journal, ``synchronous=NORMAL``: a committed row survives the
+service being killed at any moment). Any SQLAlchemy URL works (``c.GPUPool.db_url``).
+
+A row holds GPUs exactly when ``allocation`` is not NULL; the scheduler loop counts every such
+row as busy capacity, whatever its status (a cancelled job still exiting keeps its GPUs until it
+is gone). That is what keeps a GPU from being handed out twice across crashes and restarts.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+# Status values (docs/api.md)
+QUEUED, STARTING, RUNNING, PREEMPTING = "queued", "starting", "running", "preempting"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+ACTIVE = (QUEUED, STARTING, RUNNING, PREEMPTING)
+ENDED = (SUCCEEDED, FAILED, CANCELLED)
+STATUSES = ACTIVE + ENDED
+
+JOB, WORKSPACE = "job", "workspace"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Workload(Base):
+    """A notebook job (``type='job'``) or a workspace admission (``type='workspace'``)."""
+
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    type: Mapped[str] = mapped_column(String(16), default=JOB)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255), default="")  # workspace: server name
+    name: Mapped[str] = mapped_column(String(255), default="")
+    queue: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32), default="train")
+    gpus: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_memory: Mapped[int] = mapped_column(Integer, default=0)
+    cpu: Mapped[float] = mapped_column(Float, default=0.0)
+    memory: Mapped[int] = mapped_column(Integer, default=0)
+    priority: Mapped[int] = mapped_column(Integer, default=50)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    checkpoint_on_signal: Mapped[bool] = mapped_column(Boolean, default=False)
+    notebook: Mapped[str | None] = mapped_column(Text, nullable=True)
+    parameters: Mapped[Any] = mapped_column(JSON, default=dict)
+    sweep: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
+
+    status: Mapped[str] = mapped_column(String(16), default=QUEUED)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # current/last run
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # number of starts so far
+    allocation: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # list of placements; NULL = holds nothing
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    handle: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # backend's run handle
+    stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stop_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)  # preempt | cancel | memory
+    stop_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    term_sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checkpoint_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    env: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # workspace: env for the server
+
+    __table_args__ = (Index("ix_workloads_status", "status"), Index("ix_workloads_type_user", "type", "user"))
+
+    @property
+    def public_id(self) -> str:
+        return public_id(self.type, self.id)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload_id: Mapped[int] = mapped_column(Integer, index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    value: Mapped[float] = mapped_column(Float)
+    t: Mapped[float] = mapped_column(Float)
+
+
+def public_id(type_: str, num: int) -> str:
+    return f"{'w' if type_ == WORKSPACE else 'j'}-{num:06d}"
+
+
+def parse_public_id(text: str) -> tuple[str, int] | None:
+    """``"j-000042"`` -> ``("job", 42)``; None when it is not an id."""
+    if len(text) < 3 or text[1] != "-" or text[0] not in "jw" or not text[2:].isdigit():
+        return None
+    return (JOB if text[0] == "j" else WORKSPACE), int(text[2:])
+
+
+def make_engine(url: str) -> Engine:
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    engine = create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,572 @@
+"""The scheduling loop of the hub service.
+
+Each cycle (every ``c.GPUPool.cycle_seconds``, and at once when a submission, cancel or release
+wakes it):
+
+1. *reconcile*: poll every run that holds GPUs; a run that ended is finished (succeeded / failed),
+   requeued (it was preempted) or closed (it was cancelled), and its GPUs are freed;
+2. *enforce*: a run asked to stop that is still there after ``preemption_grace`` gets SIGTERM,
+   then SIGKILL after ``kill_after``; fractional jobs over their GPU memory share (NVML) are
+   reported or stopped (``memory_enforcement``);
+3. *decide*: a Snapshot of every node, queue and active workload goes to ``Scheduler.schedule``;
+4. *act*: evictions are persisted (status ``preempting``) and then the run is asked to checkpoint;
+   binds are persisted first (status ``starting`` with the allocation: write-ahead) and then
+   started through the backend; the handle is persisted once the run exists;
+5. *explain*: every queued workload's reason and position come from the cycle's result.
+
+Crash safety: a row holds GPUs exactly when its ``allocation`` is set, and every such row is in
+every snapshot. On start-up :meth:`SchedulerLoop.recover` re-adopts runs that are still alive,
+finishes those that ended meanwhile, and requeues those that vanished.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import pwd
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import or_, select, update
+
+from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState
+from ..scheduler import Scheduler
+from ..scheduler.model import (CycleResult, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot,
+                               Workload as SWorkload)
+from ..scheduler.units import format_bytes
+from . import db as D
+from .config import Settings
+
+log = logging.getLogger("gpupool.loop")
+
+JOB_TOKEN_PREFIX = "gpj_"
+REMOVED_QUEUE = "(removed from config)"
+MIN_GAP = 0.02  # seconds between back-to-back cycles, so a burst of submissions is one cycle
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def holding_clause() -> Any:
+    return or_(D.Workload.status.in_(D.ACTIVE), D.Workload.allocation.is_not(None))
+
+
+@dataclass
+class QueueView:
+    running: int = 0
+    pending: int = 0
+
+
+@dataclass
+class LoopState:
+    """What the API shows between cycles (in memory; rebuilt by every cycle)."""
+
+    pending: dict[str, str] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)
+    fair_share: dict[str, dict[str, float]] = field(default_factory=dict)
+    allocated: dict[str, dict[str, float]] = field(default_factory=dict)
+    queues: dict[str, QueueView] = field(default_factory=dict)
+    memory_warnings: dict[int, str] = field(default_factory=dict)
+    cycles: int = 0
+    last_cycle_at: float | None = None
+
+
+class SchedulerLoop:
+    def __init__(self, settings: Settings, sessions: Any, backend: JobBackend, metrics: Any = None,
+                 api_url: str = "", nvml: Any = None):
+        self.settings = settings
+        self.pool = settings.pool
+        self.sessions = sessions
+        self.backend = backend
+        self.metrics = metrics
+        self.api_url = api_url
+        self.nvml = nvml  # gpupool.backends.nvml when NVML works here, else None (enforcement dormant)
+        self.scheduler = Scheduler(SchedulerConfig(min_runtime=self.pool.min_runtime,
+                                                   preemption_grace=self.pool.preemption_grace,
+                                                   placement=self.pool.placement))
+        self.nodes = {n.name: n for n in settings.nodes}
+        self.queue_specs = {q.name: q for q in settings.queues}
+        self.state = LoopState()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()  # one cycle (or recovery) at a time
+
+    # ------------------------------------------------------------------ lifecycle
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        await self.recover()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=10)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        await self.backend.close()
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self.cycle()
+            except Exception:  # a bad cycle must not kill the loop; the next one retries
+                log.exception("scheduling cycle failed")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.pool.cycle_seconds)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            await asyncio.sleep(MIN_GAP)
+
+    # ------------------------------------------------------------------ helpers
+    def job_dir(self, row: D.Workload) -> str:
+        return os.path.join(self.pool.job_root, row.public_id)
+
+    def workdir(self, user: str) -> str:
+        template = self.pool.work_dir
+        home = ""
+        if "{home}" in template:
+            try:
+                home = pwd.getpwnam(user).pw_dir
+            except KeyError:
+                raise ValueError(f"there is no system user {user!r} to find a home directory for "
+                                 "(an admin can set c.GPUPool.work_dir, e.g. '/srv/homes/{user}')") from None
+        return os.path.abspath(template.format(home=home, user=user))
+
+    def gpu_env(self, allocation: list[dict] | None, gpu_memory: int = 0) -> dict[str, str]:
+        """CUDA visibility and memory caps for an allocation (jobs and workspaces)."""
+        env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        placed = [p for p in (allocation or []) if p.get("gpus")]
+        if not placed:
+            env.update(CUDA_VISIBLE_DEVICES="", NVIDIA_VISIBLE_DEVICES="void", GPUPOOL_GPUS="",
+                       GPUPOOL_GPU_FRACTION="0")
+            return env
+        p = placed[0]
+        uuids = self.settings.gpu_uuids.get(p["node"]) or []
+        ids = [uuids[i] if i < len(uuids) else str(i) for i in p["gpus"]]
+        fraction = float(p.get("fraction", 1.0))
+        env.update(CUDA_VISIBLE_DEVICES=",".join(ids), NVIDIA_VISIBLE_DEVICES=",".join(ids),
+                   GPUPOOL_GPUS=",".join(str(i) for i in p["gpus"]), GPUPOOL_NODE=p["node"],
+                   GPUPOOL_GPU_FRACTION=f"{fraction:g}")
+        if fraction < 1.0:
+            node = self.nodes.get(p["node"])
+            limit = gpu_memory or (int(node.gpu_memory * fraction) if node and node.gpu_memory else 0)
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.3f}"
+            env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+            if limit:
+                env["GPUPOOL_GPU_MEMORY_LIMIT"] = str(limit)
+        return env
+
+    def job_spec(self, row: D.Workload, token: str = "") -> JobSpec:
+        jid = row.public_id
+        jdir = self.job_dir(row)
+        ckpt = os.path.join(jdir, "checkpoints")
+        env = self.gpu_env(row.allocation, row.gpu_memory)
+        env.update(GPUPOOL_JOB_ID=jid, GPUPOOL_ATTEMPT=str(row.attempt), GPUPOOL_CHECKPOINT_DIR=ckpt,
+                   GPUPOOL_STOP_FILE=os.path.join(jdir, "control", "stop"), GPUPOOL_JOB_DIR=jdir,
+                   GPUPOOL_API_URL=self.api_url)
+        if token:
+            env["GPUPOOL_API_TOKEN"] = token
+        latest = _latest_checkpoint(ckpt)
+        if latest:
+            env["GPUPOOL_RESUME_FROM"] = latest
+        run_as = None
+        if self.pool.run_as_user and os.geteuid() == 0:
+            run_as = row.user
+        return JobSpec(job_id=jid, run_id=f"{jid}.{row.attempt}", attempt=row.attempt, user=row.user,
+                       notebook=os.path.join(jdir, "input.ipynb"), output=os.path.join(jdir, "output.ipynb"),
+                       log=os.path.join(jdir, "log.txt"), parameters=row.parameters or {},
+                       workdir=self.workdir(row.user), job_dir=jdir, checkpoint_dir=ckpt,
+                       stop_file=env["GPUPOOL_STOP_FILE"], env=env, placements=list(row.allocation or []),
+                       kernel_name=self.pool.kernel_name, python=self.pool.job_python, run_as=run_as)
+
+    # ------------------------------------------------------------------ recovery
+    async def recover(self) -> None:
+        """After a (re)start: re-adopt live runs, finish ended ones, requeue vanished ones."""
+        async with self._lock:
+            with self.sessions() as s:
+                rows = s.scalars(select(D.Workload).where(D.Workload.type == D.JOB,
+                                                          D.Workload.allocation.is_not(None))).all()
+                for row in rows:
+                    try:
+                        spec = self.job_spec(row)
+                    except ValueError as e:
+                        self._release(row, RunState(LOST, None, str(e)), time.time())
+                        continue
+                    handle, state = await self.backend.adopt(spec, row.handle)
+                    if state.state == RUN_ALIVE:
+                        row.handle = handle
+                        if row.status == D.STARTING:
+                            row.status = D.RUNNING
+                            row.reason = f"running on {_where(row.allocation)}"
+                        log.info("re-adopted %s (%s)", row.public_id, handle)
+                    elif state.state == EXITED or row.stop_cause:
+                        log.info("%s ended while the service was down: %s", row.public_id, state.detail)
+                        self._release(row, state, time.time())
+                    else:
+                        log.info("%s vanished while the service was down; requeued", row.public_id)
+                        row.allocation = None
+                        row.handle = None
+                        row.status = D.QUEUED
+                        row.restarts += 1
+                        row.reason = ("requeued: its process was gone when the gpupool service restarted; "
+                                      "it resumes from its latest checkpoint")
+                s.commit()
+
+    # ------------------------------------------------------------------ the cycle
+    async def cycle(self) -> CycleResult | None:
+        async with self._lock:
+            return await self._cycle()
+
+    async def _cycle(self) -> CycleResult | None:
+        t0 = time.perf_counter()
+        now = time.time()
+        with self.sessions() as s:
+            rows = s.scalars(select(D.Workload).where(holding_clause())).all()
+            await self._reconcile(s, rows, now)
+            s.commit()
+            snap, by_id = self._snapshot(rows, now)
+        loop = asyncio.get_running_loop()
+        t1 = time.perf_counter()
+        result = await loop.run_in_executor(None, self.scheduler.schedule, snap)
+        decide_ms = (time.perf_counter() - t1) * 1000
+        with self.sessions() as s:
+            for ev in result.evictions:
+                await self._evict(s, by_id.get(ev.workload), ev, now)
+            for bind in result.binds:
+                await self._bind(s, by_id.get(bind.workload), bind, now)
+            self._explain(s, snap, result, by_id)
+            s.commit()
+        st = self.state
+        st.fair_share, st.allocated = result.fair_share, result.allocated
+        st.cycles += 1
+        st.last_cycle_at = now
+        if self.metrics is not None:
+            self.metrics.observe_cycle(self, snap, result, time.perf_counter() - t0, decide_ms)
+        return result
+
+    async def _reconcile(self, s: Any, rows: list[D.Workload], now: float) -> None:
+        grace, kill_after = self.pool.preemption_grace, self.pool.kill_after
+        for row in rows:
+            if row.allocation is None:
+                continue
+            if row.type == D.WORKSPACE:
+                if row.stop_requested_at is not None and now - row.stop_requested_at >= grace:
+                    self._release_workspace(row)
+                continue
+            if row.handle is None:
+                continue  # being started right now (cannot happen across restarts: recover() ran)
+            state = await self.backend.poll(row.handle)
+            if state.state != RUN_ALIVE:
+                self._release(row, state, now)
+                continue
+            self._note_checkpoint(row)
+            if row.stop_requested_at is not None:
+                waited = now - row.stop_requested_at
+                if row.term_sent_at is None and waited >= grace:
+                    log.info("%s: grace period over; terminating", row.public_id)
+                    await self.backend.terminate(row.handle, force=False)
+                    row.term_sent_at = now
+                elif row.term_sent_at is not None and now - row.term_sent_at >= kill_after:
+                    await self.backend.terminate(row.handle, force=True)
+        if self.nvml is not None:
+            await self._enforce_memory(s, rows, now)
+
+    def _note_checkpoint(self, row: D.Workload) -> None:
+        ckpt = os.path.join(self.job_dir(row), "checkpoints", "LATEST")
+        try:
+            mtime = os.stat(ckpt).st_mtime
+        except OSError:
+            return
+        if row.last_checkpoint_at != mtime:
+            row.last_checkpoint_at = mtime
+            row.checkpoint_path = _latest_checkpoint(os.path.dirname(ckpt))
+
+    def _release(self, row: D.Workload, state: RunState, now: float) -> None:
+        """A run ended (or is gone): free its GPUs and decide what the job becomes."""
+        self._note_checkpoint(row)
+        cause, why = row.stop_cause, row.stop_reason or ""
+        row.allocation = None
+        row.handle = None
+        row.exit_code = state.exit_code
+        row.stop_requested_at = row.term_sent_at = None
+        row.stop_cause = row.stop_reason = None
+        if cause == "preempt":
+            row.status = D.QUEUED
+            row.preemptions += 1
+            resume = ("resumes from its checkpoint" if row.last_checkpoint_at
+                      else "restarts from the beginning (it saved no checkpoint)")
+            row.reason = f"requeued after preemption ({why}); it {resume}"
+            if self.metrics is not None:
+                self.metrics.preemptions.inc()
+            return
+        row.finished_at = now
+        if cause == "cancel":
+            row.status = D.CANCELLED
+            row.reason = why or "cancelled"
+        elif cause == "memory":
+            row.status = D.FAILED
+            row.reason = why
+        elif state.state == EXITED and state.exit_code == 0:
+            row.status = D.SUCCEEDED
+            row.reason = "succeeded: the notebook ran to the end"
+        elif state.state == EXITED:
+            row.status = D.FAILED
+            err = _error_line(os.path.join(self.job_dir(row), "log.txt"))
+            row.reason = f"failed: {err}" if err else f"failed: {state.detail}"
+            if err and state.exit_code and state.exit_code > 128:
+                row.reason += f" ({state.detail})"
+        else:
+            row.status = D.FAILED
+            row.reason = f"failed: {state.detail}"
+        if self.metrics is not None:
+            self.metrics.finished.labels(status=row.status).inc()
+
+    def _release_workspace(self, row: D.Workload) -> None:
+        why = row.stop_reason or "preempted"
+        row.allocation = None
+        row.env = None
+        row.stop_requested_at = row.term_sent_at = None
+        row.stop_cause = row.stop_reason = None
+        row.status = D.QUEUED
+        row.preemptions += 1
+        row.reason = f"requeued after preemption ({why})"
+
+    async def _enforce_memory(self, s: Any, rows: list[D.Workload], now: float) -> None:
+        """Fractional jobs over their GPU memory share (NVML per-process readings)."""
+        by_gpu: dict[int, list[D.Workload]] = {}
+        for row in rows:
+            if row.type != D.JOB or not row.allocation or row.handle is None or row.stop_requested_at:
+                continue
+            p = row.allocation[0]
+            if p.get("gpus") and float(p.get("fraction", 1)) < 1:
+                by_gpu.setdefault(p["gpus"][0], []).append(row)
+        warnings: dict[int, str] = {}
+        for index, jobs in by_gpu.items():
+            used_by_pid = self.nvml.process_memory(index)
+            if not used_by_pid:
+                continue
+            for row in jobs:
+                pids = self.backend.pids(row.handle)
+                used = sum(b for pid, b in used_by_pid.items() if pid in pids)
+                node = self.nodes.get(row.allocation[0]["node"])
+                share = row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"]) if node else 0)
+                if share and used > share * 1.02:
+                    msg = (f"using {format_bytes(used)} of GPU {index}'s memory, more than its share of "
+                           f"{format_bytes(share)}")
+                    warnings[row.id] = msg
+                    if self.pool.memory_enforcement == "stop":
+                        reason = f"failed: stopped for {msg} (memory_enforcement = 'stop')"
+                        await self.request_stop(row, "memory", reason, now, session=s)
+                    elif not row.reason.endswith(msg):
+                        row.reason = f"running on {_where(row.allocation)}; warning: {msg}"
+        self.state.memory_warnings = warnings
+
+    def _snapshot(self, rows: list[D.Workload], now: float) -> tuple[Snapshot, dict[str, D.Workload]]:
+        queues = list(self.settings.queues)
+        workloads: list[SWorkload] = []
+        by_id: dict[str, D.Workload] = {}
+        orphaned = False
+        views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
+        for row in rows:
+            holding = row.allocation is not None
+            if not holding and row.status != D.QUEUED:
+                continue
+            queue = row.queue
+            placements: tuple[PodPlacement, ...] = ()
+            if holding:
+                placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
+                                                fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
+                if any(p.node not in self.nodes or any(g >= self.nodes[p.node].gpus for g in p.gpus)
+                       for p in placements):
+                    log.warning("%s holds GPUs that are no longer configured (%s); not counted",
+                                row.public_id, row.allocation)
+                    continue
+                if queue not in self.queue_specs:
+                    queue, orphaned = REMOVED_QUEUE, True
+            w = SWorkload(id=row.public_id, queue=queue, user=row.user, kind=row.kind, gpus=row.gpus,
+                          gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory, priority=row.priority,
+                          preemptible=row.preemptible, submit_time=row.submitted_at,
+                          checkpoint_on_signal=row.checkpoint_on_signal, last_checkpoint_at=row.last_checkpoint_at,
+                          phase=(Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING)
+                          if holding else Phase.PENDING,
+                          placements=placements, started_at=row.started_at if holding else None)
+            workloads.append(w)
+            by_id[w.id] = row
+            view = views.setdefault(row.queue, QueueView())
+            if holding:
+                view.running += 1
+            else:
+                view.pending += 1
+        if orphaned:
+            queues.append(QueueSpec(name=REMOVED_QUEUE))
+        self.state.queues = views
+        return Snapshot(now=now, nodes=list(self.nodes.values()), queues=queues, workloads=workloads), by_id
+
+    async def _evict(self, s: Any, row: D.Workload | None, ev: Any, now: float) -> None:
+        if row is None:
+            return
+        row = s.get(D.Workload, row.id)
+        if row is None or row.allocation is None or row.stop_requested_at is not None:
+            return
+        await self.request_stop(row, "preempt", ev.reason, now, session=s)
+
+    async def request_stop(self, row: D.Workload, cause: str, reason: str, now: float, session: Any = None) -> None:
+        """Ask a workload that holds GPUs to checkpoint and stop (persisted first, then the backend
+        is told); the loop terminates it after the grace period. ``cause``: preempt | cancel | memory."""
+        first = row.stop_requested_at is None
+        row.stop_cause, row.stop_reason = cause, reason
+        grace = self.pool.preemption_grace
+        if first:
+            row.stop_requested_at = now
+        if cause == "preempt":
+            row.status = D.PREEMPTING
+            row.reason = f"{reason}; it has {grace:g} s to save a checkpoint, then it is requeued"
+        elif cause == "cancel":
+            row.status = D.CANCELLED
+            row.reason = f"{reason}; stopping (it has {grace:g} s to save a checkpoint)"
+        else:
+            row.reason = reason
+        if session is not None:
+            session.commit()
+        if row.type == D.JOB and row.handle is not None and first:
+            try:
+                await self.backend.request_checkpoint(row.handle, self.job_spec(row), reason)
+                if grace <= 0:
+                    await self.backend.terminate(row.handle, force=False)
+                    row.term_sent_at = now
+            except Exception:
+                log.exception("could not ask %s to stop", row.public_id)
+        self.wake()
+
+    async def _bind(self, s: Any, row: D.Workload | None, bind: Any, now: float) -> None:
+        if row is None:
+            return
+        row = s.get(D.Workload, row.id)
+        if row is None or row.status != D.QUEUED or row.allocation is not None:
+            return  # cancelled or deleted since the snapshot
+        allocation = [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus), "fraction": p.fraction}
+                      for p in bind.placements]
+        row.allocation = allocation
+        row.started_at = now
+        row.attempt += 1
+        row.stop_requested_at = row.term_sent_at = None
+        row.stop_cause = row.stop_reason = None
+        if row.type == D.WORKSPACE:
+            row.status = D.RUNNING
+            row.env = self.gpu_env(allocation, row.gpu_memory)
+            row.reason = f"admitted on {_where(allocation)}: {bind.reason}"
+            s.commit()
+            return
+        token = JOB_TOKEN_PREFIX + secrets.token_urlsafe(24)
+        row.token_hash = hash_token(token)
+        row.status = D.STARTING
+        row.reason = f"starting on {_where(allocation)}: {bind.reason}"
+        s.commit()  # write-ahead: the allocation is on disk before anything runs
+        try:
+            spec = self.job_spec(row, token)
+            if row.attempt > 1:
+                _append(spec.log, f"\n=== gpupool: attempt {row.attempt} of {spec.job_id} on {_where(allocation)}"
+                                  f"{'; resuming from ' + spec.env['GPUPOOL_RESUME_FROM'] if 'GPUPOOL_RESUME_FROM' in spec.env else ''} ===\n")
+            handle = await self.backend.start(spec)
+        except Exception as e:
+            log.warning("could not start %s: %s", row.public_id, e)
+            s.refresh(row)
+            row.allocation = None
+            row.status = D.FAILED
+            row.finished_at = time.time()
+            row.reason = f"failed to start: {e}"
+            s.commit()
+            if self.metrics is not None:
+                self.metrics.finished.labels(status=D.FAILED).inc()
+            return
+        s.refresh(row)  # a cancel may have come in while it started
+        row.handle = handle
+        if row.stop_cause == "cancel":
+            s.commit()
+            await self.backend.request_checkpoint(handle, self.job_spec(row), row.stop_reason or "cancelled")
+            return
+        row.status = D.RUNNING
+        row.reason = f"running on {_where(allocation)}: {bind.reason}"
+        s.commit()
+
+    def _explain(self, s: Any, snap: Snapshot, result: CycleResult, by_id: dict[str, D.Workload]) -> None:
+        st = self.state
+        st.pending, st.positions = result.pending, result.positions
+        changes = []
+        bound = {b.workload for b in result.binds}
+        for w in snap.workloads:
+            if w.phase != Phase.PENDING or w.id in bound:
+                continue
+            reason = result.pending.get(w.id)
+            row = by_id[w.id]
+            if reason and reason != row.reason:
+                changes.append({"id": row.id, "reason": reason})
+        if changes:
+            # only rows still queued: a cancel may have landed since the snapshot
+            s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes)
+
+
+def _where(allocation: list[dict] | None) -> str:
+    if not allocation:
+        return "CPU only"
+    parts = []
+    for p in allocation:
+        gpus = p.get("gpus") or []
+        if not gpus:
+            parts.append(f"{p['node']} (no GPU)")
+        elif float(p.get("fraction", 1)) < 1:
+            parts.append(f"{p['node']} GPU {gpus[0]} ({float(p['fraction']):g} of it)")
+        else:
+            parts.append(f"{p['node']} GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}")
+    return ", ".join(parts)
+
+
+def _latest_checkpoint(ckpt_dir: str) -> str | None:
+    try:
+        with open(os.path.join(ckpt_dir, "LATEST")) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    path = os.path.join(ckpt_dir, info.get("path", ""))
+    return path if info.get("path") and os.path.exists(path) else None
+
+
+def _append(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def _error_line(log_path: str) -> str:
+    """The most telling line at the end of a failed papermill log (the exception)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    import re
+
+    tail = re.sub(r"\x1b\[[0-9;]*m", "", tail)
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        m = re.match(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$", ln)
+        if m and not ln.startswith("papermill.exceptions.PapermillExecutionError"):
+            return m.group(1)[:500]
+    for ln in reversed(lines):
+        if "Error" in ln or "Exception" in ln:
+            return ln[:500]
+    return ""

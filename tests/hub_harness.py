@@ -1,0 +1,404 @@
+"""A real JupyterHub + configurable-http-proxy + the gpupool service, for tests. Stable API.
+
+Usage::
+
+    from hub_harness import Hub
+
+    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 2}],
+                                "queues": [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice"]}]},
+             users=["alice", "bob"], admins=["admin"], groups={"cv": ["alice"]}) as hub:
+        tok = hub.token("alice")                          # JupyterHub API token (inherits alice's scopes)
+        r = hub.api("POST", "jobs", tok, json={...})      # requests.Response, direct to the service
+        r = hub.api("GET", "jobs", tok, via_proxy=True)   # the same through the proxy
+        job = hub.wait_job(tok, r.json()["id"], {"succeeded"})
+
+``Hub(tmp_path, gpupool=None, users=("alice", "bob"), admins=("admin",), groups=None,
+extra_config="", managed=True, start_timeout=90)``
+
+* ``gpupool``: ``c.GPUPool`` settings (a dict of trait -> value). The harness sets, unless given:
+  ``db_url`` and ``job_root`` under ``tmp_path``, ``work_dir = <tmp_path>/home/{user}`` (each
+  user's home is created), ``run_as_user = False``, ``cycle_seconds = 0.5``, ``preemption_grace =
+  3``, ``kill_after = 2``, ``nodes = []`` (no GPUs) and ``port`` (a free port).
+* ``extra_config``: Python appended to ``jupyterhub_config.py`` after ``configure(c)`` (``c`` is
+  the config), e.g. ``"c.JupyterHub.spawner_class = 'simple'"``.
+* ``managed``: True = JupyterHub starts the service (``configure(c)`` as an admin would use it).
+  False = the harness starts the service itself (the hub sees it as an external service) so a
+  test can kill and restart it quickly: JupyterHub itself restarts a dead managed service only
+  on its 30 s poll.
+
+Attributes: ``hub_url`` (public, through the proxy, ends in ``/``), ``hub_api_url``
+(``.../hub/api``), ``service_url`` (direct, ``http://127.0.0.1:PORT/services/gpupool/``),
+``api_url`` (``service_url + "api/v1/"``), ``proxy_api_url`` (the API through the proxy),
+``admin_token`` (a JupyterHub admin's token that inherits all its scopes), ``service_token``
+(the gpupool service's own token, admin scope: what the spawner uses), ``job_root``,
+``config_file``, ``dir`` (the hub's working directory), ``ports``.
+
+Methods:
+
+* ``home(user) -> Path``: the user's working directory (jobs run there).
+* ``token(user, scopes=None, note="test") -> str``: a new JupyterHub token for ``user``;
+  ``scopes=None`` inherits all of the user's scopes, a list restricts them (e.g.
+  ``["read:users:name!user"]`` for a token without any gpupool scope).
+* ``api(method, path, token=None, json=None, via_proxy=False, **kw) -> requests.Response``:
+  ``path`` is relative to ``api/v1/`` (e.g. ``"jobs/j-000001/log"``).
+* ``hub_api(method, path, token=None, **kw)``: JupyterHub's own REST API (admin token by default).
+* ``wait_job(token, job_id, statuses, timeout=60) -> dict``: poll until the job's status is in
+  ``statuses`` (raises ``AssertionError`` with the job on timeout).
+* ``wait_for(predicate, timeout=30, interval=0.2, message="")``: poll a callable until truthy.
+* ``service_pid() -> int | None``, ``kill_service(sig=SIGKILL, timeout=10)``,
+  ``start_service()`` (unmanaged only), ``restart_service()`` (unmanaged: kill -9 and start).
+* ``job_pids() -> list[int]``: live processes of this hub's jobs (by their environment).
+* ``hub_log() -> str``, ``service_log() -> str`` (unmanaged: the service's own output; managed:
+  it is in the hub log).
+* ``stop()``: stops the hub, the proxy, the service and every job process; also on ``__exit__``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+CHP_BIN = ROOT / "node_modules" / ".bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+class Hub:
+    def __init__(self, tmp_path: Any, gpupool: dict | None = None, users: Iterable[str] = ("alice", "bob"),
+                 admins: Iterable[str] = ("admin",), groups: dict[str, list[str]] | None = None,
+                 extra_config: str = "", managed: bool = True, start_timeout: float = 90.0):
+        self.dir = Path(tmp_path) / "hub"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.users = list(users)
+        self.admins = list(admins)
+        self.groups = dict(groups or {})
+        self.managed = managed
+        self.start_timeout = start_timeout
+        self.ports = {"public": free_port(), "hub": free_port(), "proxy_api": free_port(), "service": free_port()}
+        self.job_root = str(self.dir / "jobs")
+        self.harness_token = secrets.token_hex(24)
+        self.service_token = secrets.token_hex(24)
+        settings = {
+            "db_url": f"sqlite:///{self.dir / 'gpupool.sqlite'}", "job_root": self.job_root,
+            "work_dir": str(Path(tmp_path) / "home" / "{user}"), "run_as_user": False, "cycle_seconds": 0.5,
+            "preemption_grace": 3.0, "kill_after": 2.0, "nodes": [],
+        }
+        settings.update(gpupool or {})
+        settings["port"] = self.ports["service"]
+        settings["api_token"] = self.service_token
+        self.settings = settings
+        self._home_root = Path(tmp_path) / "home"
+        for u in {*self.users, *self.admins}:
+            self.home(u).mkdir(parents=True, exist_ok=True)
+        self.hub_url = f"http://127.0.0.1:{self.ports['public']}/"
+        self.hub_api_url = f"http://127.0.0.1:{self.ports['hub']}/hub/api"
+        self.service_url = f"http://127.0.0.1:{self.ports['service']}/services/gpupool/"
+        self.api_url = self.service_url + "api/v1/"
+        self.proxy_api_url = self.hub_url + "services/gpupool/api/v1/"
+        self.config_file = self.dir / "jupyterhub_config.py"
+        self.config_file.write_text(self._config_text(extra_config))
+        self._hub: subprocess.Popen | None = None
+        self._service: subprocess.Popen | None = None
+        self._service_log = self.dir / "service.log"
+        self.admin_token = ""
+        self.session = requests.Session()
+
+    # ------------------------------------------------------------------ config
+    def _config_text(self, extra: str) -> str:
+        groups = {g: {"users": list(m)} for g, m in self.groups.items()}
+        unmanaged = "" if self.managed else (
+            "for _s in c.JupyterHub.services:\n"
+            "    if _s['name'] == 'gpupool':\n"
+            "        _s.pop('command', None); _s.pop('environment', None)\n")
+        return f"""# written by tests/hub_harness.py
+import json
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {self.ports['public']}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {self.ports['hub']}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.ports['proxy_api']}"
+c.ConfigurableHTTPProxy.should_start = True
+c.JupyterHub.db_url = "sqlite:///{self.dir / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = "{self.dir / 'jupyterhub_cookie_secret'}"
+c.JupyterHub.pid_file = "{self.dir / 'jupyterhub.pid'}"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allowed_users = set({self.users!r})
+c.Authenticator.admin_users = set({self.admins!r})
+c.JupyterHub.load_groups = {groups!r}
+c.JupyterHub.services = [{{"name": "harness", "api_token": "{self.harness_token}"}}]
+c.JupyterHub.load_roles = [{{"name": "harness", "scopes": ["admin:users", "tokens", "admin:groups", "read:users"],
+                             "services": ["harness"]}}]
+c.JupyterHub.cleanup_servers = True
+c.GPUPool.port = {self.ports['service']}
+c.GPUPool.api_token = "{self.service_token}"
+from gpupool.hub_ext import configure
+configure(c)
+for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
+    setattr(c.GPUPool, _k, _v)
+{extra}
+{unmanaged}"""
+
+    def home(self, user: str) -> Path:
+        return self._home_root / user
+
+    # ------------------------------------------------------------------ lifecycle
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{VENV_BIN}:{CHP_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
+        env.pop("JUPYTERHUB_API_TOKEN", None)
+        env.pop("GPUPOOL_CONFIG", None)
+        return env
+
+    def start(self) -> "Hub":
+        if not self.managed:
+            self.start_service()
+        self._hub_log_f = open(self.dir / "hub.log", "ab")
+        self._hub = subprocess.Popen([str(VENV_BIN / "jupyterhub"), "-f", str(self.config_file)], cwd=self.dir,
+                                     env=self._env(), stdout=self._hub_log_f, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        try:
+            self.wait_for(self._hub_up, self.start_timeout, message="JupyterHub did not come up")
+            self.wait_for(self._service_up, self.start_timeout, message="the gpupool service did not come up")
+            # a real admin's token, inheriting everything the admin holds
+            self.admin_token = self.token(self.admins[0]) if self.admins else ""
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _hub_up(self) -> bool:
+        if self._hub is not None and self._hub.poll() is not None:
+            raise AssertionError(f"JupyterHub exited with {self._hub.returncode}:\n{self.hub_log()[-4000:]}")
+        try:
+            return self.session.get(self.hub_api_url + "/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _service_up(self) -> bool:
+        if self._service is not None and self._service.poll() is not None:
+            raise AssertionError(f"the gpupool service exited with {self._service.returncode}:\n"
+                                 f"{self.service_log()[-4000:]}")
+        try:
+            return self.session.get(self.api_url + "health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def service_environment(self) -> dict[str, str]:
+        from traitlets.config.loader import PyFileConfigLoader
+
+        from gpupool.hub_ext.config import load, to_json
+
+        cfg = PyFileConfigLoader(str(self.config_file)).load_config()
+        env = self._env()
+        env.update({
+            "GPUPOOL_CONFIG": to_json(load(cfg, cwd=str(self.dir))),
+            "JUPYTERHUB_API_TOKEN": self.service_token,
+            "JUPYTERHUB_API_URL": self.hub_api_url,
+            "JUPYTERHUB_SERVICE_NAME": "gpupool",
+            "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{self.ports['service']}",
+            "JUPYTERHUB_SERVICE_PREFIX": "/services/gpupool/",
+        })
+        return env
+
+    def start_service(self) -> None:
+        assert not self.managed, "start_service() is for Hub(managed=False)"
+        log = open(self._service_log, "ab")
+        self._service = subprocess.Popen([sys.executable, "-m", "gpupool.hub_ext.app"], cwd=self.dir,
+                                         env=self.service_environment(), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        log.close()
+        if self._hub is not None:
+            self.wait_for(self._service_up, 60, message="the gpupool service did not come back")
+
+    def service_pid(self) -> int | None:
+        if self._service is not None:
+            return self._service.pid if self._service.poll() is None else None
+        if self._hub is None:
+            return None
+        for pid in _pids():
+            if "gpupool.hub_ext.app" in _cmdline(pid) and _alive(pid):
+                try:
+                    with open(f"/proc/{pid}/stat", "rb") as f:
+                        stat = f.read()
+                    ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == self._hub.pid:
+                    return pid
+        return None
+
+    def kill_service(self, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        pid = self.service_pid()
+        if pid is None:
+            return
+        os.kill(pid, sig)
+        if self._service is not None:
+            self._service.wait(timeout)
+        else:
+            self.wait_for(lambda: not _alive(pid), timeout, message="the service did not exit")
+
+    def restart_service(self) -> None:
+        self.kill_service()
+        self.start_service()
+
+    def job_pids(self) -> list[int]:
+        tag = f"GPUPOOL_JOB_DIR={self.job_root}/".encode()
+        return [p for p in _pids() if tag in _environ(p) and _alive(p)]
+
+    def stop(self) -> None:
+        if self._hub is not None:
+            if self._hub.poll() is None:
+                self._hub.send_signal(signal.SIGTERM)
+                try:
+                    self._hub.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self._hub.pid, signal.SIGKILL)
+                    self._hub.wait(5)
+            self._hub_log_f.close()
+        if self._service is not None and self._service.poll() is None:
+            self._service.send_signal(signal.SIGTERM)
+            try:
+                self._service.wait(10)
+            except subprocess.TimeoutExpired:
+                self._service.kill()
+                self._service.wait(5)
+        # anything the hub left: its managed service, the proxy, job processes
+        mine = [p for p in _pids() if f"{self.dir}".encode() in _environ(p) or str(self.config_file) in _cmdline(p)
+                or f"127.0.0.1:{self.ports['proxy_api']}" in _cmdline(p)]
+        for pid in set(mine + self.job_pids()):
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        self.session.close()
+
+    def __enter__(self) -> "Hub":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ HTTP
+    def hub_api(self, method: str, path: str, token: str | None = None, **kw: Any) -> requests.Response:
+        headers = kw.pop("headers", {})
+        headers["Authorization"] = f"token {token or self.harness_token}"
+        return self.session.request(method, f"{self.hub_api_url}/{path.lstrip('/')}", headers=headers,
+                                    timeout=kw.pop("timeout", 30), **kw)
+
+    def token(self, user: str, scopes: list[str] | None = None, note: str = "test") -> str:
+        body: dict[str, Any] = {"note": note}
+        if scopes is not None:
+            body["scopes"] = scopes
+        r = self.hub_api("POST", f"users/{user}/tokens", json=body)
+        assert r.status_code in (200, 201), r.text
+        return r.json()["token"]
+
+    def api(self, method: str, path: str, token: str | None = None, json: Any = None, via_proxy: bool = False,
+            **kw: Any) -> requests.Response:
+        headers = kw.pop("headers", {})
+        if token:
+            headers["Authorization"] = f"token {token}"
+        base = self.proxy_api_url if via_proxy else self.api_url
+        return self.session.request(method, base + path.lstrip("/"), headers=headers, json=json,
+                                    timeout=kw.pop("timeout", 30), **kw)
+
+    # ------------------------------------------------------------------ waiting
+    @staticmethod
+    def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, message: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(message or f"timed out after {timeout:g} s waiting for {predicate}")
+            time.sleep(interval)
+
+    def wait_job(self, token: str, job_id: str, statuses: Iterable[str], timeout: float = 60.0) -> dict:
+        wanted = set(statuses)
+        last: dict = {}
+
+        def done() -> bool:
+            nonlocal last
+            r = self.api("GET", f"jobs/{job_id}", token)
+            assert r.status_code == 200, r.text
+            last = r.json()
+            return last["status"] in wanted
+
+        try:
+            self.wait_for(done, timeout, 0.25)
+        except AssertionError:
+            raise AssertionError(f"job {job_id} not in {sorted(wanted)} after {timeout:g} s: {last}\n"
+                                 f"log:\n{self.api('GET', f'jobs/{job_id}/log', token).text[-3000:]}") from None
+        return last
+
+    # ------------------------------------------------------------------ logs
+    def hub_log(self) -> str:
+        p = self.dir / "hub.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def service_log(self) -> str:
+        if self.managed:
+            return self.hub_log()
+        return self._service_log.read_text(errors="replace") if self._service_log.exists() else ""
+
+
+def notebook(*cells: str, parameters: str | None = None) -> dict:
+    """An nbformat-4 notebook of code cells; ``parameters`` becomes papermill's parameters cell."""
+    out = []
+    if parameters is not None:
+        out.append({"cell_type": "code", "id": "parameters", "metadata": {"tags": ["parameters"]},
+                    "source": parameters, "outputs": [], "execution_count": None})
+    for i, src in enumerate(cells):
+        out.append({"cell_type": "code", "id": f"cell-{i}", "metadata": {}, "source": src, "outputs": [],
+                    "execution_count": None})
+    return {"nbformat": 4, "nbformat_minor": 5, "cells": out,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                         "language_info": {"name": "python"}}}
