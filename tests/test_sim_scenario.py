@@ -100,6 +100,27 @@ def test_cli_trace_missing_file_exits_2(tmp_path):
     assert "--trace-pods" in res.stderr and "no such file" in res.stderr
 
 
+def test_cli_trace_fill_tiny_trace(tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,262144,8,V100M32\nn1,32000,262144,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,1024,1,500,\n"
+                    "p1,1000,1024,2,1000,V100M32\np2,1000,1024,1,1000,T4\n")
+    res = run_cli("--trace-nodes", str(nodes), "--trace-pods", str(pods), "--fill", "1.0", "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["gpu_capacity_milli"] == 10000 and report["seed"] == 42 and report["fill"] == 1.0
+    m = report["metrics"]
+    assert m["placed_pods"] > 0 and m["placed_pods"] + m["failed_pods"] >= 3
+    assert report["curve"] and all(0 < p["alloc_pct"] <= p["arrived_pct"] + 0.5 for p in report["curve"])
+    res = run_cli("--trace-nodes", str(nodes), "--trace-pods", str(pods), "--policy", "magic")
+    assert res.returncode == 2 and "--policy: unknown placement policy 'magic'" in res.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli\np0,1\n")
+    res = run_cli("--trace-nodes", str(nodes), "--trace-pods", str(bad))
+    assert res.returncode == 2 and "bad.csv: missing column(s)" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_cli_summary_and_json(tmp_path):
     p = write(tmp_path, BASE)
     res = run_cli(str(p))

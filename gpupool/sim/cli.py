@@ -121,6 +121,10 @@ def _run_trace(args: argparse.Namespace) -> int:
         return _fail("--fill: must be > 0")
     seed = 42 if args.seed is None else args.seed
     policy = args.policy or "default"
+    from gpupool.scheduler.placement import POLICIES
+
+    if policy not in POLICIES:
+        return _fail(f"--policy: unknown placement policy {policy!r} (choose from {', '.join(POLICIES)})")
     try:
         from .tracefill import format_trace_report, run_trace_fill
     except ImportError as e:
