@@ -380,11 +380,17 @@ class Cycle:
 # ---------------------------------------------------------------------------------------------------
 
 def _queue_order(ctx: Cycle) -> Callable[[str], tuple]:
-    def key(q: str) -> tuple:
+    """Hierarchical order: compare the queues' ancestries level by level from the root, each
+    level by allocated / fair share (lowest first), then queue priority. A project of a department
+    that is above its fair share waits behind every project of a department below its own."""
+    def level(q: str) -> tuple:
         fair = ctx.fair[q].get("gpu", 0.0)
-        eff = ctx.effective(q)[0]
+        eff = ctx.effective(q)[0] + ctx.reserved[q]
         ratio = eff / fair if fair > EPS else (0.0 if eff <= EPS else float("inf"))
         return (ratio, -ctx.tree.queues[q].priority, q)
+
+    def key(q: str) -> tuple:
+        return tuple(level(x) for x in ctx.tree.path(q))
     return key
 
 
@@ -416,7 +422,11 @@ def allocate(ctx: Cycle) -> list[Candidate]:
     dead = ctx.failed_shapes
     dead_raw: dict[tuple, Candidate] = {}  # raw request -> the candidate that failed to place
     while heap:
-        _, q, i = heapq.heappop(heap)
+        k, q, i = heapq.heappop(heap)
+        fresh = key(q)
+        if fresh > k:  # binds elsewhere in its department raised its key: requeue lazily
+            heapq.heappush(heap, (fresh, q, i))
+            continue
         lst = queues[q]
         n = len(lst)
         check_quota = ctx.limited[q]
