@@ -250,3 +250,20 @@ def test_same_seed_same_report_different_seed_still_valid():
     a, b = run("fractions", seed=11), run("fractions", seed=11)
     a.pop("timing"), b.pop("timing")
     assert a == b
+
+
+def test_reclaim_below_deserved_despite_fractional_fair_shares():
+    r = run("reclaim_granularity")
+    own = wl(r, "own")
+    assert own["started"] is not None and own["started"] <= 100 + 30 + 3 * 5, own.get("pending_reason")
+    pre = events(r, "preempt")
+    assert len(pre) == 1 and pre[0]["reason"] == "reclaim"
+
+
+def test_released_gpu_goes_to_the_reclaimer_not_back_to_the_victim():
+    r = run("reclaim_release")
+    own = wl(r, "own")
+    assert own["started"] is not None and own["started"] <= 440 + 60 + 3 * 1, own.get("pending_reason")
+    pre = events(r, "preempt")
+    assert len(pre) == 1  # one victim, preempted once: no ping-pong
+    assert not events(r, "resume")  # nothing else frees up before t=700, so the victim waits
