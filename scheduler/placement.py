@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .cluster import UNTRACKED as _UNTRACKED
 from .cluster import ClusterState, PodRequest
 from .fragmentation import FragModel, normalise_shapes, per_gpu_milli
 from .model import MILLI
@@ -79,11 +80,26 @@ def _gpus_for(state: ClusterState, n: int, req: PodRequest, milli: int) -> tuple
     return _tightest_gpus(row, milli, req.num_gpus)
 
 
-def typical_shapes(requests: Iterable, threshold: float = 0.95) -> list[tuple[PodRequest, float, tuple[str, ...] | None]]:
-    """The workload's typical pod shapes as the FGD paper derives them (its simulator's
-    GetTypicalPods with popularity threshold 95%, step 1, CPU-only pods included): count pods per
-    (CPU, GPUs, milli per GPU, allowed models), most frequent first, keep shapes until they cover
-    ``threshold`` of all pods, weights renormalised to 1. ``requests`` yields ``PodRequest`` or
+def top_shapes(shapes: Sequence, threshold: float = 0.95) -> list:
+    """The most frequent shapes covering ``threshold`` of the weight, renormalised (the FGD paper's
+    popularity cut: most frequent first, equal weights larger resource first)."""
+    norm = normalise_shapes(shapes)
+    order = sorted(norm, key=lambda e: (e[1], e[0].cpu_milli, e[0].milli, e[0].num_gpus, e[0].gpu_memory,
+                                        "|".join(e[2] or ())), reverse=True)
+    chosen, cum = [], 0.0
+    for e in order:
+        if cum >= threshold - 1e-12:
+            break
+        chosen.append(e)
+        cum += e[1]
+    return [(r, w / cum, m) for r, w, m in chosen]
+
+
+def typical_shapes(requests: Iterable, threshold: float = 1.0) -> list[tuple[PodRequest, float, tuple[str, ...] | None]]:
+    """The workload's pod shapes with their frequencies, as the FGD paper's simulator derives them
+    (GetTypicalPods, CPU-only pods included): count pods per (CPU, GPUs, milli per GPU, allowed
+    models), most frequent first, keep shapes until they cover ``threshold`` of all pods (the
+    paper's ``fgd`` cuts at 95%, see ``top_shapes``), weights renormalised to 1. ``requests`` yields ``PodRequest`` or
     ``(PodRequest, models)``; a shape's memory is the median of its pods' memory."""
     counts: Counter = Counter()
     mems: dict = {}
@@ -100,7 +116,7 @@ def typical_shapes(requests: Iterable, threshold: float = 0.95) -> list[tuple[Po
     order = sorted(counts, key=lambda k: (counts[k], k[0], k[1], k[2], k[3], "|".join(k[4])), reverse=True)
     chosen, cum = [], 0
     for key in order:
-        if cum >= threshold * total:
+        if cum >= threshold * total - 1e-9:
             break
         chosen.append(key)
         cum += counts[key]
@@ -321,6 +337,9 @@ class FGD(_FragPolicy):
 
     name = "fgd"
 
+    def __init__(self, shapes=(), seed: int = 0):
+        super().__init__(top_shapes(shapes, 0.95) if shapes else (), seed)
+
     def share_value(self, delta, free, milli):
         return np.trunc(_sigmoid(delta / 1000.0) * 100.0)
 
@@ -348,13 +367,35 @@ class DefaultPlacement(_FragPolicy):
     def node_value(self, delta):
         return delta
 
+    tol = 0.0  # fragmentation decreases within tol (milli-GPU) of the best count as equal
+    secondary = "pack"
+    bucket = 0.0
+
     def _select(self, state, req, idx, milli, e):
         val = e[2][idx]
-        best = val >= val.max() - self.TOL * max(1.0, abs(val.max()))
+        if self.bucket == "sigmoid":
+            val = np.trunc(_sigmoid(val / 1000.0) * 100.0)
+        elif self.bucket:
+            val = np.floor(val / self.bucket)
+        best = val >= val.max() - self.tol - 1e-9 * max(1.0, abs(val.max()))
         cand = idx[best]
         if cand.size == 1:
             return int(cand[0])
-        return int(cand[np.argmax(_packing_score(state, req, cand, milli))])
+        if self.secondary == "rank":
+            return int(cand[np.argmin(self.ties.get(state)[cand])])
+        if self.secondary == "used_first":
+            used = (state.gpu_free[cand].sum(axis=1) < state.num_gpus[cand] * MILLI) | (state.cpu_free[cand] < state.cpu_total[cand])
+            key = (~used).astype(np.int64) * (1 << 40) + self.ties.get(state)[cand]
+            return int(cand[np.argmin(key)])
+        if self.secondary in ("small_first", "big_first"):
+            sgn = 1 if self.secondary == "small_first" else -1
+            key = sgn * state.num_gpus[cand] * 100000 + self.ties.get(state)[cand]
+            return int(cand[np.argmin(key)])
+        if self.secondary == "index":
+            return int(cand[0])
+        sc = _packing_score(state, req, cand, milli)
+        best2 = cand[sc >= sc.max() - 1e-12]
+        return int(best2[np.argmin(self.ties.get(state)[best2])])
 
 
 def _packing_score(state: ClusterState, req: PodRequest, cand: np.ndarray, milli: np.ndarray) -> np.ndarray:
@@ -368,7 +409,6 @@ def _packing_score(state: ClusterState, req: PodRequest, cand: np.ndarray, milli
     return -(gpu_after + 0.5 * cpu_after + 0.25 * mem_after)
 
 
-from .cluster import UNTRACKED as _UNTRACKED  # noqa: E402
 
 
 class NormalisedBestFit:

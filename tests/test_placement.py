@@ -1,0 +1,233 @@
+"""Placement policies: feasibility invariants, GPU choice, masks, memory-sized shares, CPU-only
+pods, the fragmentation model and its incremental cache, and the live-scheduler fallbacks."""
+import numpy as np
+import pytest
+
+from gpupool.scheduler.cluster import UNTRACKED, ClusterState, PodRequest
+from gpupool.scheduler.fragmentation import FragModel
+from gpupool.scheduler.model import MILLI, NodeSpec
+from gpupool.scheduler.placement import POLICIES, make_policy, top_shapes, typical_shapes
+
+GI = 2**30
+
+
+def cluster():
+    return ClusterState([
+        NodeSpec("a0", 4, gpu_memory=80 * GI, gpu_model="H100", cpu=32, memory=256 * GI),
+        NodeSpec("a1", 4, gpu_memory=80 * GI, gpu_model="H100", cpu=32, memory=256 * GI),
+        NodeSpec("b0", 2, gpu_memory=40 * GI, gpu_model="A100", cpu=16, memory=128 * GI),
+        NodeSpec("c0", 8, gpu_memory=24 * GI, gpu_model="L4", cpu=64, memory=512 * GI),
+        NodeSpec("d0", 2, gpu_memory=0, gpu_model="T4"),  # untracked CPU/memory, unknown GPU memory
+        NodeSpec("e0", 0, cpu=8, memory=32 * GI),  # CPU-only node
+    ])
+
+
+SHAPES = [
+    (PodRequest(1, 1000, 0, 8000, 32 * GI), 4.0),
+    (PodRequest(1, 500, 0, 2000, 8 * GI), 3.0),
+    (PodRequest(1, 250, 0, 2000, 8 * GI), 2.0),
+    (PodRequest(2, 1000, 0, 8000, 32 * GI), 1.0),
+    (PodRequest(0, 0, 0, 4000, 8 * GI), 2.0),
+    (PodRequest(1, 300, 0, 1000, 4 * GI), 1.0, ("L4",)),
+]
+
+
+def random_requests(rng, n):
+    kinds = [
+        lambda: PodRequest(1, int(rng.choice([100, 250, 300, 470, 500, 810])), 0, int(rng.integers(1, 9)) * 1000,
+                           int(rng.integers(1, 33)) * GI),
+        lambda: PodRequest(int(rng.choice([1, 2, 4, 8])), MILLI, 0, int(rng.integers(1, 17)) * 1000, 16 * GI),
+        lambda: PodRequest(0, 0, 0, int(rng.integers(1, 9)) * 1000, 8 * GI),
+        lambda: PodRequest(1, 0, int(rng.choice([10, 20, 30])) * GI, 2000, 8 * GI),
+    ]
+    return [kinds[int(rng.integers(len(kinds)))]() for _ in range(n)]
+
+
+def check_choice(state, req, choice, mask):
+    n, gpus, milli = choice
+    assert state.schedulable[n]
+    if mask is not None:
+        assert mask[n]
+    assert state.cpu_free[n] >= req.cpu_milli and state.mem_free[n] >= req.memory
+    if req.num_gpus == 0:
+        assert gpus == () and milli == 0
+        return
+    assert milli == state.milli_on(n, req) and 0 < milli <= MILLI
+    assert len(gpus) == req.num_gpus == len(set(gpus))
+    for g in gpus:
+        assert 0 <= g < state.num_gpus[n]
+        assert state.gpu_free[n, g] >= milli
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("with_shapes", [True, False])
+def test_policy_invariants_on_random_workload(policy, with_shapes):
+    rng = np.random.default_rng(7)
+    state = cluster()
+    pol = make_policy(policy, shapes=SHAPES if with_shapes else (), seed=3)
+    placed = failed = 0
+    for i, req in enumerate(random_requests(rng, 300)):
+        mask = None
+        if i % 5 == 0:
+            mask = state.node_mask({"gpu_model": "H100"})
+        before = (state.gpu_free.copy(), state.cpu_free.copy(), state.mem_free.copy())
+        choice = pol.choose(state, req, mask)
+        # choose never mutates the state
+        assert np.array_equal(before[0], state.gpu_free) and np.array_equal(before[1], state.cpu_free)
+        assert np.array_equal(before[2], state.mem_free)
+        if choice is None:
+            failed += 1
+            continue
+        check_choice(state, req, choice, mask)
+        n, gpus, milli = choice
+        state.take(n, gpus, milli, req.cpu_milli, req.memory)
+        placed += 1
+        assert (state.gpu_free >= 0).all() and (state.gpu_free <= MILLI).all()
+        assert (state.cpu_free >= 0).all() and (state.mem_free >= 0).all()
+    assert placed > 20 and failed > 0  # the cluster filled up
+
+
+def test_none_when_nothing_fits_and_mask_excludes_all():
+    state = cluster()
+    for policy in POLICIES:
+        pol = make_policy(policy, shapes=SHAPES)
+        assert pol.choose(state, PodRequest(16, MILLI, 0, 0, 0)) is None  # no node has 16 GPUs
+        assert pol.choose(state, PodRequest(1, MILLI), np.zeros(len(state.nodes), bool)) is None
+        # CPU beyond every tracked node: only the node that tracks no CPU can take it
+        assert pol.choose(state, PodRequest(1, 500, 0, 10**9, 0))[0] == 4
+        assert pol.choose(state, PodRequest(1, 500, 0, 10**9, 0), state.schedulable & (state.cpu_total < UNTRACKED)) is None
+
+
+def test_eight_gpu_pod_needs_a_fully_free_node():
+    state = cluster()
+    for policy in POLICIES:
+        pol = make_policy(policy, shapes=SHAPES, seed=1)
+        n, gpus, milli = pol.choose(state, PodRequest(8, MILLI, 0, 1000, GI))
+        assert state.nodes[n].name == "c0" and gpus == tuple(range(8)) and milli == MILLI
+    state.take(3, (0,), 300, 0, 0)
+    for policy in POLICIES:
+        assert make_policy(policy, shapes=SHAPES).choose(state, PodRequest(8, MILLI, 0, 1000, GI)) is None
+        n, gpus, _ = make_policy(policy, shapes=SHAPES).choose(state, PodRequest(4, MILLI, 0, 1000, GI))
+        assert len(set(gpus)) == 4 and all(state.gpu_free[n, g] == MILLI for g in gpus)
+
+
+def test_memory_sized_share_converts_per_node_and_skips_unknown_gpu_memory():
+    state = cluster()
+    req = PodRequest(1, 0, 20 * GI, 1000, GI)
+    seen = set()
+    for policy in POLICIES:
+        for seed in range(5):
+            n, gpus, milli = make_policy(policy, shapes=SHAPES, seed=seed).choose(state, req)
+            assert state.nodes[n].name != "d0"  # unknown GPU memory: a memory-sized share cannot go there
+            assert milli == {"a0": 250, "a1": 250, "b0": 500, "c0": 834}[state.nodes[n].name]
+            seen.add(state.nodes[n].name)
+    assert seen  # at least one placement happened
+    only_d0 = np.array([nd.name == "d0" for nd in state.nodes])
+    assert make_policy("default", shapes=SHAPES).choose(state, req, only_d0) is None
+
+
+def test_cpu_only_pod_uses_no_gpu_and_may_use_cpu_only_node():
+    state = cluster()
+    req = PodRequest(0, 0, 0, 6000, 16 * GI)
+    mask = np.array([nd.gpus == 0 for nd in state.nodes])
+    for policy in POLICIES:
+        n, gpus, milli = make_policy(policy, shapes=SHAPES).choose(state, req, mask)
+        assert state.nodes[n].name == "e0" and gpus == () and milli == 0
+
+
+def test_share_goes_to_the_tightest_gpu_for_bestfit_and_default():
+    state = cluster()
+    only_a0 = np.array([nd.name == "a0" for nd in state.nodes])
+    state.take(0, (0,), 300, 0, 0)  # a0: 700 1000 1000 1000
+    state.take(0, (2,), 600, 0, 0)  # a0: 700 1000 400 1000
+    for policy in ("bestfit", "default", "firstfit"):
+        n, gpus, milli = make_policy(policy, shapes=()).choose(state, PodRequest(1, 400), only_a0)
+        assert (n, gpus, milli) == (0, (2,), 400), policy
+
+
+def test_default_packs_a_share_next_to_a_matching_share():
+    """Two 500-shares fill one GPU: with the 500-share shape frequent, FGD-style scoring puts the
+    second 500 on the half-used GPU instead of breaking a fresh GPU."""
+    state = cluster()
+    shapes = [(PodRequest(1, 500, 0, 1000, GI), 1.0), (PodRequest(1, 1000, 0, 1000, GI), 1.0)]
+    for policy in ("default", "fgd"):
+        st = state.copy()
+        pol = make_policy(policy, shapes=shapes)
+        n, gpus, milli = pol.choose(st, PodRequest(1, 500, 0, 1000, GI))
+        st.take(n, gpus, milli, 1000, GI)
+        n2, gpus2, _ = pol.choose(st, PodRequest(1, 500, 0, 1000, GI))
+        assert (n2, gpus2) == (n, gpus), policy
+
+
+def test_untracked_cpu_does_not_dominate_scores():
+    """d0 tracks no CPU/memory (modelled as huge): it must not look infinitely 'empty' or 'full'."""
+    state = ClusterState([NodeSpec("tracked", 2, cpu=16, memory=64 * GI), NodeSpec("untracked", 2)])
+    state.take(1, (0,), 1000, 0, 0)  # untracked node has 1 free GPU, tracked 2
+    for shapes in ((), SHAPES):
+        n, gpus, _ = make_policy("default", shapes=shapes).choose(state, PodRequest(1, MILLI, 0, 1000, GI))
+        assert state.nodes[n].name == "untracked", shapes  # best fit on GPUs: the node with 1 GPU left
+    assert state.cpu_free[1] == UNTRACKED
+
+
+def test_fragmentation_model_matches_definition_and_stays_in_sync():
+    rng = np.random.default_rng(1)
+    state = cluster()
+    fm = FragModel(SHAPES, use_memory=True)
+    pol = make_policy("random", seed=2)
+    for step, req in enumerate(random_requests(rng, 120)):
+        c = pol.choose(state, req)
+        if c:
+            state.take(c[0], c[1], c[2], req.cpu_milli, req.memory)
+        if step % 10:
+            continue
+        fm.sync(state)
+        for n in range(len(state.nodes)):
+            total = 0.0
+            free = state.gpu_free[n][: state.num_gpus[n]]
+            for (r, w, *models), m in zip(fm.shapes, fm.m[n]):
+                models = models[0] if models else None
+                ok = (r.num_gpus > 0 and (not models or state.nodes[n].gpu_model in models)
+                      and (free >= m).sum() >= r.num_gpus and state.cpu_free[n] >= r.cpu_milli
+                      and state.mem_free[n] >= r.memory)
+                total += w * (free[free < m].sum() if ok else free.sum())
+            assert fm.F[n] == pytest.approx(total), (step, n)
+
+
+def test_cached_choices_equal_fresh_choices():
+    """The per-shape cache (recomputing only changed nodes) never goes stale: a long-lived policy
+    makes the same choices as a fresh one built for every pod."""
+    rng = np.random.default_rng(5)
+    state = cluster()
+    for policy in ("default", "fgd"):
+        st = state.copy()
+        live = make_policy(policy, shapes=SHAPES, seed=4)
+        for req in random_requests(rng, 150):
+            a = live.choose(st, req)
+            b = make_policy(policy, shapes=SHAPES, seed=4).choose(st, req)
+            assert a == b
+            if a:
+                st.take(a[0], a[1], a[2], req.cpu_milli, req.memory)
+        # a new ClusterState with the same nodes (as the live scheduler builds every cycle)
+        st2 = ClusterState(st.nodes)
+        st2.gpu_free[:] = st.gpu_free
+        st2.cpu_free[:] = st.cpu_free
+        st2.mem_free[:] = st.mem_free
+        for req in random_requests(rng, 20):
+            assert live.choose(st2, req) == make_policy(policy, shapes=SHAPES, seed=4).choose(st2, req)
+
+
+def test_typical_shapes_and_top_shapes():
+    reqs = [PodRequest(1, 500, 0, 1000, GI)] * 6 + [PodRequest(1, MILLI, 0, 2000, GI)] * 3 + \
+           [(PodRequest(2, MILLI, 0, 4000, GI), ("A",))]
+    shapes = typical_shapes(reqs)
+    assert [(r.num_gpus, r.milli, w) for r, w, _ in shapes] == [(1, 500, 0.6), (1, 1000, 0.3), (2, 1000, 0.1)]
+    assert shapes[2][2] == ("A",)
+    top = top_shapes(shapes, 0.8)  # 0.6 + 0.3 covers 80%
+    assert [w for _, w, _ in top] == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_unknown_policy_and_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="unknown placement policy 'nope'"):
+        make_policy("nope")
+    with pytest.raises(TypeError):
+        make_policy("default", shapes=[("not a request", 1.0)])
