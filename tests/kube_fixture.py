@@ -429,6 +429,16 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                     alloc = int((node.get("status", {}).get("allocatable") or {}).get("nvidia.com/gpu", 0) or 0)
                     if _pod_gpus(pod) and used + _pod_gpus(pod) > alloc:
                         reason = f"0/1 nodes are available: 1 Insufficient nvidia.com/gpu on {node_name}"
+                if not reason and behave.get("waiting_reason"):  # e.g. ImagePullBackOff: scheduled, never starts
+                    if not status.get("containerStatuses"):
+                        await api.patch_object(PODS, ns, name, {"spec": {"nodeName": node_name}, "status": {
+                            "conditions": [{"type": "PodScheduled", "status": "True"}],
+                            "containerStatuses": [{"name": c["name"], "ready": False, "restartCount": 0,
+                                                   "image": c.get("image", ""), "imageID": "",
+                                                   "state": {"waiting": {"reason": behave["waiting_reason"],
+                                                                         "message": behave.get("waiting_message", "")}}}
+                                                  for c in pod.get("spec", {}).get("containers", [])]}})
+                    continue
                 if reason:
                     conds = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": reason}]
                     if status.get("conditions") != conds:
@@ -595,7 +605,8 @@ class KubeCluster:
     def behave(self, key: str | tuple, **behaviour: Any) -> None:
         """``key``: a job id (label gpupool.io/job-id) or (namespace, pod name). Behaviours:
         ``exit_on_term_after`` seconds (the pod exits that soon after SIGTERM instead of using
-        its whole grace), ``log_on_term`` (text appended to its log on SIGTERM)."""
+        its whole grace), ``log_on_term`` (text appended to its log on SIGTERM), ``waiting_reason`` / ``waiting_message``
+        (its container never starts, e.g. ``ImagePullBackOff``)."""
         self.api.behaviours[key] = behaviour
 
     def finish_pod(self, name: str, exit_code: int = 0, namespace: str = "default", log: str | None = None) -> None:

@@ -304,10 +304,12 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
     ``kubectl logs`` and the API's pods/log show it) and turns the pod's SIGTERM into a stop
     request (see :func:`run_job`)."""
     p = spec.placement
-    env: dict[str, str] = {k: str(v) for k, v in (spec.env or {}).items() if k not in HOST_ONLY_ENV}
+    # GPUPOOL_RUN_ID marks the run's processes (the runner finds and cleans them up by it); run-job
+    # gives it to the runner only, so the entrypoint itself is not one of them
+    env: dict[str, str] = {k: str(v) for k, v in (spec.env or {}).items()
+                           if k not in HOST_ONLY_ENV and k != "GPUPOOL_RUN_ID"}
     env.update({
         "GPUPOOL_JOB_ID": spec.job_id,
-        "GPUPOOL_RUN_ID": spec.run_id,
         "GPUPOOL_CHECKPOINT_DIR": spec.checkpoint_dir,
         "GPUPOOL_STOP_FILE": spec.stop_file,
         "GPUPOOL_PREEMPTION_GRACE": f"{float(spec.grace_seconds):g}",
@@ -507,6 +509,11 @@ def run_job(argv: Sequence[str]) -> int:
 
 def main(argv: Iterable[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["run-job"] and argv is None and "GPUPOOL_RUN_ID" in os.environ:
+        # the runner kills every process whose environment carries the run id once papermill is
+        # done: start again without it (/proc/<pid>/environ is the environment at exec time)
+        env = {k: v for k, v in os.environ.items() if k != "GPUPOOL_RUN_ID"}
+        os.execve(sys.executable, [sys.executable, "-m", "gpupool.backends.kube_manifests", *args], env)
     if args[:1] != ["run-job"]:
         print("usage: python -m gpupool.backends.kube_manifests run-job --exit-file F --log L --run-id R "
               "[--stop-file S] [--grace SECONDS] -- CMD...   (the entrypoint of a gpupool job pod)", file=sys.stderr)

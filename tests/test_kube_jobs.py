@@ -1,0 +1,353 @@
+"""The Kubernetes job backend end to end against a real HTTP Kubernetes API (kmock + the fake
+kubelet of tests/kube_fixture.py), the job pod manifests against the official schemas, and the
+job pod's entrypoint running real papermill with a real kernel."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import kubernetes_validate
+import nbformat
+import pytest
+from kube_fixture import kube  # noqa: F401  (fixture)
+
+from gpupool.backends import kube_manifests as km
+from gpupool.backends.base import EXITED, LOST, RUNNING, JobSpec
+from gpupool.backends.kubernetes import GPUPoolKubernetes, KubeJobBackend
+from gpupool.scheduler.model import PodPlacement
+
+K8S_VERSION = "1.32.0"
+
+
+class Pool:  # the parts of c.GPUPool the backend reads
+    preemption_grace = 3.0
+    kill_after = 1.0
+
+
+class Settings:
+    pool = Pool()
+    nodes: list = []
+    gpu_uuids: dict = {}
+
+
+def job_spec(root, job_id="j-000001", attempt=0, placements=None, user="alice", env=None) -> JobSpec:
+    jdir = os.path.join(str(root), job_id)
+    return JobSpec(job_id=job_id, run_id=f"{job_id}.{attempt}", attempt=attempt, user=user,
+                   notebook=os.path.join(jdir, "input.ipynb"), output=os.path.join(jdir, "output.ipynb"),
+                   log=os.path.join(jdir, "log.txt"), parameters={"lr": 0.01}, workdir="/home/jovyan",
+                   job_dir=jdir, checkpoint_dir=os.path.join(jdir, "checkpoints"), stop_file=os.path.join(jdir, "STOP"),
+                   env=env or {"GPUPOOL_API_URL": "http://127.0.0.1:10101/services/gpupool/", "CUDA_VISIBLE_DEVICES": "3"},
+                   placements=placements if placements is not None else [{"pod": 0, "node": "n1", "gpus": [0, 1], "fraction": 1.0}])
+
+
+def env_of(pod: dict) -> dict:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+async def wait_for(pred, timeout=8.0):
+    end = time.monotonic() + timeout
+    while True:
+        value = await pred()
+        if value:
+            return value
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def backend(kube, tmp_path):
+    kube.add_node("n1", 4, uuids=["GPU-aaa", "GPU-bbb", "GPU-ccc", "GPU-ddd"])
+    kube.add_node("n2", 2)
+    b = KubeJobBackend(Settings(), kube=GPUPoolKubernetes(api_host=kube.url, namespace="jobs", image="lab/notebook:1",
+                                                           pending_timeout=1.0, runtime_class="nvidia"))
+    await b.start_watching()
+    yield b
+    await b.close()
+
+
+# -- manifests ---------------------------------------------------------------------------------
+
+def _pod(placement: PodPlacement, **kw) -> dict:
+    base = dict(job_id="j-000042", run_id="j-000042.3", user="alice@example.org", queue="vision", image="img",
+                placement=placement, notebook="/srv/j/input.ipynb", output="/srv/j/output.ipynb", log="/srv/j/log.txt",
+                job_dir="/srv/j", checkpoint_dir="/srv/j/checkpoints", stop_file="/srv/j/STOP", attempt=3,
+                gpu_uuids=["GPU-a", "GPU-b"], gpu_memory=80 * 2**30, cpu=2, memory=8 * 2**30, home_claim="claim-alice",
+                jobs_claim="gpupool-jobs", jobs_mount="/srv", run_as_uid=1000, fs_gid=100, runtime_class="nvidia",
+                env={"CUDA_VISIBLE_DEVICES": "1", "GPUPOOL_API_URL": "http://hub/services/gpupool/"})
+    base.update(kw)
+    return km.job_pod_manifest(km.JobPodSpec(**base))
+
+
+def test_job_pod_manifests_are_valid_kubernetes():
+    whole = _pod(PodPlacement(0, "node-a", (0, 1), 1.0))
+    frac = _pod(PodPlacement(0, "node-a", (1,), 0.25))
+    cpu = _pod(PodPlacement(0, "node-b", (), 1.0), runtime_class=None, gpu_uuids=None)
+    unknown_uuid = _pod(PodPlacement(0, "node-a", (1,), 0.5), gpu_uuids=None, gpu_memory=0)
+    for manifest in (whole, frac, cpu, unknown_uuid):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+    c = whole["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(whole)  # the device plugin chooses and isolates
+    assert env_of(whole)["GPUPOOL_GPUS"] == "2"
+    assert "CUDA_VISIBLE_DEVICES" not in env_of(whole)  # a host index means nothing in the pod
+    term = whole["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]
+    assert whole["spec"]["runtimeClassName"] == "nvidia"
+    assert whole["spec"]["terminationGracePeriodSeconds"] == 35  # 30 s grace + 5 s kill_after
+    labels = whole["metadata"]["labels"]
+    assert labels["gpupool.io/managed"] == "true" and labels["gpupool.io/job-id"] == "j-000042"
+    assert labels["gpupool.io/queue"] == "vision" and labels["gpupool.io/user"].startswith("alice-example.org-")
+    assert whole["metadata"]["annotations"]["gpupool.io/user"] == "alice@example.org"
+    assert whole["metadata"]["name"] == "gpupool-j-000042-3"
+    assert {"name": "home", "mountPath": "/home/jovyan"} in c["volumeMounts"]
+    assert {"name": "gpupool-jobs", "mountPath": "/srv"} in c["volumeMounts"]
+
+    fe = env_of(frac)
+    assert "nvidia.com/gpu" not in json.dumps(frac["spec"]["containers"][0].get("resources", {}))
+    assert fe["NVIDIA_VISIBLE_DEVICES"] == "GPU-b" and fe["GPUPOOL_GPU_FRACTION"] == "0.25"
+    assert fe["GPUPOOL_GPU_MEMORY_LIMIT"] == str(20 * 2**30) and fe["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
+    assert frac["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert env_of(unknown_uuid)["NVIDIA_VISIBLE_DEVICES"] == "1"  # index when the UUID is unknown
+    assert env_of(cpu)["NVIDIA_VISIBLE_DEVICES"] == "void" and "affinity" in cpu["spec"]
+    assert "runtimeClassName" not in cpu["spec"] and "tolerations" not in cpu["spec"]
+
+
+def test_label_values_and_names_are_always_valid():
+    for raw in ("alice", "Alice@Example.org", "x" * 100, "-weird-", "ünïcode user", "a.b_c"):
+        v = km.label_value(raw)
+        assert len(v) <= 63 and km._LABEL_OK.match(v), raw
+        n = km.dns_name(raw)
+        assert len(n) <= 63 and km._DNS_OK.match(n), raw
+    assert km.label_value("a@b") != km.label_value("a#b")  # cleaned values keep distinct names apart
+    assert km.placement_from_json(km.placement_to_json([PodPlacement(0, "n", (1, 2), 1.0)])) == (PodPlacement(0, "n", (1, 2), 1.0),)
+    assert km.placement_from_json("not json") == ()
+
+
+# -- the backend against the API ----------------------------------------------------------------
+
+async def test_job_pod_lifecycle(backend, kube, tmp_path):
+    spec = job_spec(tmp_path)
+    handle = await backend.start(spec)
+    pod = kube.pod(handle["pod"], "jobs")
+    assert pod["metadata"]["labels"]["gpupool.io/job-id"] == "j-000001"
+    assert pod["metadata"]["labels"]["gpupool.io/run-id"] == "j-000001.0"
+    assert pod["spec"]["containers"][0]["image"] == "lab/notebook:1"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    env = env_of(pod)
+    assert env["GPUPOOL_CHECKPOINT_DIR"] == spec.checkpoint_dir and env["GPUPOOL_STOP_FILE"] == spec.stop_file
+    assert env["GPUPOOL_API_URL"] == "http://127.0.0.1:10101/services/gpupool/"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["home"]["persistentVolumeClaim"]["claimName"] == "claim-alice"
+    assert vols["gpupool-jobs"]["persistentVolumeClaim"]["claimName"] == "gpupool-jobs"
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["gpupool-jobs"] == str(tmp_path)  # the job paths are the same in the pod
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=False)
+
+    async def running():
+        st = await backend.poll(handle)
+        return st.state == RUNNING and st.detail == "" and st
+    await wait_for(running)
+    assert kube.pod(handle["pod"], "jobs")["spec"]["nodeName"] == "n1"
+
+    kube.finish_pod(handle["pod"], 0, "jobs", log="Executing: 100%\n")
+    assert "Executing" in await backend.pod_log(handle)
+
+    async def exited():
+        st = await backend.poll(handle)
+        return st.state == EXITED and st
+    st = await wait_for(exited)
+    assert st.exit_code == 0 and st.detail == "the notebook ran to the end"
+    await wait_for(lambda: _async(kube.pod(handle["pod"], "jobs") is None))  # finished pods are cleaned up
+    assert (await backend.poll(handle)).exit_code == 0  # still known after the pod is gone
+
+
+async def _async(v):
+    return v
+
+
+async def test_fraction_pod_pinned_to_gpu_uuid(backend, kube, tmp_path):
+    spec = job_spec(tmp_path, placements=[{"pod": 0, "node": "n1", "gpus": [2], "fraction": 0.5}])
+    handle = await backend.start(spec)
+    pod = kube.pod(handle["pod"], "jobs")
+    env = env_of(pod)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-ccc" and env["GPUPOOL_GPU_FRACTION"] == "0.5"
+    assert env["GPUPOOL_GPU_MEMORY_LIMIT"] == str(40960 * 2**20)  # half of the node's 80 GiB GPU
+    assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0].get("resources", {}))
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert pod["metadata"]["annotations"]["gpupool.io/gpu-ids"] == "GPU-ccc"
+
+
+async def test_preemption_checkpoint_requeue_and_resume(backend, kube, tmp_path):
+    spec = job_spec(tmp_path)
+    handle = await backend.start(spec)
+    await wait_for(lambda: _poll_is(backend, handle, RUNNING))
+    kube.behave("j-000001", exit_on_term_after=0.3, exit_code=0)  # it saves and exits on the stop request
+    await backend.request_checkpoint(handle, spec, reason="preempted: reclaimed by queue nlp")
+    with open(spec.stop_file) as f:
+        assert json.load(f)["reason"] == "preempted: reclaimed by queue nlp"
+    assert kube.deletions[-1]["name"] == handle["pod"] and kube.deletions[-1]["grace"] == 4  # 3 s grace + 1 s kill_after
+    assert kube.pod(handle["pod"], "jobs")["metadata"].get("deletionTimestamp")
+    assert (await backend.poll(handle)).state == RUNNING  # still saving within its grace
+    st = await wait_for(lambda: _poll_is(backend, handle, EXITED))
+    assert st.exit_code == 0
+
+    # requeued: the next attempt is a new pod that mounts the same checkpoint directory
+    spec2 = job_spec(tmp_path, attempt=1, placements=[{"pod": 0, "node": "n2", "gpus": [0], "fraction": 1.0}])
+    h2 = await backend.start(spec2)
+    assert not os.path.exists(spec2.stop_file)  # a stale stop request does not stop the new attempt
+    pod2 = kube.pod(h2["pod"], "jobs")
+    assert h2["pod"] != handle["pod"] and pod2["metadata"]["labels"]["gpupool.io/run-id"] == "j-000001.1"
+    assert env_of(pod2)["GPUPOOL_CHECKPOINT_DIR"] == spec.checkpoint_dir
+    await wait_for(lambda: _poll_is(backend, h2, RUNNING))
+    assert kube.pod(h2["pod"], "jobs")["spec"]["nodeName"] == "n2"
+
+
+async def _poll_is(backend, handle, state):
+    st = await backend.poll(handle)
+    return st if st.state == state else None
+
+
+async def test_terminate_shortens_grace_then_kills(backend, kube, tmp_path):
+    spec = job_spec(tmp_path)
+    handle = await backend.start(spec)
+    await wait_for(lambda: _poll_is(backend, handle, RUNNING))
+    await backend.request_checkpoint(handle, spec)  # the job ignores it (no behaviour set)
+    await backend.terminate(handle)  # grace over: kill_after seconds left
+    assert kube.deletions[-1]["grace"] == 1
+    await backend.terminate(handle, force=True)
+    assert kube.deletions[-1]["grace"] == 0
+    st = await wait_for(lambda: _poll_is(backend, handle, EXITED))
+    assert st.detail  # a sentence, whatever the code
+
+
+async def test_restart_adopts_running_pods(kube, tmp_path):
+    kube.add_node("n1", 4)
+    cfg = dict(api_host=kube.url, namespace="jobs", image="img")
+    first = KubeJobBackend(Settings(), kube=GPUPoolKubernetes(**cfg))
+    spec = job_spec(tmp_path)
+    gone = job_spec(tmp_path, job_id="j-000002")
+    finished = job_spec(tmp_path, job_id="j-000003")
+    handle = await first.start(spec)
+    await first.start(gone)
+    h3 = await first.start(finished)
+    await wait_for(lambda: _poll_is(first, handle, RUNNING))
+    await first.close()  # the service stops; its pods keep running
+
+    kube.delete_pod("gpupool-j-000002-0", "jobs")  # lost while the service was down
+    kube.delete_pod(h3["pod"], "jobs")
+    os.makedirs(os.path.dirname(h3["exit_file"]), exist_ok=True)
+    with open(h3["exit_file"], "w") as f:  # ...but it wrote its exit status on the shared volume
+        json.dump({"exit_code": 3}, f)
+
+    second = KubeJobBackend(Settings(), kube=GPUPoolKubernetes(**cfg))
+    try:
+        new, st = await second.adopt(spec, None)  # no handle: found by its labels
+        assert st.state == RUNNING and new["pod"] == handle["pod"] and new["uid"] == handle["uid"]
+        _, st = await second.adopt(gone, None)
+        assert st.state == LOST and "gone" in st.detail
+        _, st = await second.adopt(finished, h3)
+        assert st.state == EXITED and st.exit_code == 3
+        runs = await second.list_runs()
+        assert {r["run_id"] for r in runs} == {"j-000001.0"}
+        kube.finish_pod(handle["pod"], 1, "jobs")
+        st = await wait_for(lambda: _poll_is(second, new, EXITED))
+        assert st.exit_code == 1 and "status 1" in st.detail
+    finally:
+        await second.close()
+
+
+async def test_unschedulable_pod_is_requeued_and_bad_image_fails(backend, kube, tmp_path):
+    kube.add_pod("hog", node="n2", gpus=2, phase="Running")  # the GPUs went to someone else meanwhile
+    spec = job_spec(tmp_path, placements=[{"pod": 0, "node": "n2", "gpus": [0], "fraction": 1.0}])
+    handle = await backend.start(spec)
+
+    async def waiting():
+        st = await backend.poll(handle)
+        return st.state == RUNNING and "Insufficient nvidia.com/gpu" in st.detail and st
+    await wait_for(waiting)
+    st = await wait_for(lambda: _poll_is(backend, handle, LOST))  # after pending_timeout: requeue
+    assert "could not place" in st.detail
+
+    kube.behave("j-000009", waiting_reason="ImagePullBackOff", waiting_message="lab/missing:1 not found")
+    spec2 = job_spec(tmp_path, job_id="j-000009", placements=[{"pod": 0, "node": "n1", "gpus": [0], "fraction": 1.0}])
+    h2 = await backend.start(spec2)
+    st = await wait_for(lambda: _poll_is(backend, h2, EXITED))
+    assert "ImagePullBackOff" in st.detail and st.exit_code is None
+
+
+def kube_fixture_pods():
+    import kube_fixture
+
+    return kube_fixture.PODS
+
+
+async def test_image_of_the_users_notebook_server(backend, kube, tmp_path):
+    kube.add_pod("jupyter-alice", namespace="jobs", labels={"component": "singleuser-server", "hub.jupyter.org/username": "alice"})
+    kube.call(lambda: kube.api.patch_object(kube_fixture_pods(), "jobs", "jupyter-alice", {
+        "spec": {"containers": [{"name": "notebook", "image": "lab/pytorch:2.4"}]}}))
+    handle = await backend.start(job_spec(tmp_path))
+    assert kube.pod(handle["pod"], "jobs")["spec"]["containers"][0]["image"] == "lab/pytorch:2.4"
+    h2 = await backend.start(job_spec(tmp_path, job_id="j-000005", user="bob"))
+    assert kube.pod(h2["pod"], "jobs")["spec"]["containers"][0]["image"] == "lab/notebook:1"
+
+
+# -- the job pod's entrypoint, for real ----------------------------------------------------------
+
+def test_entrypoint_turns_sigterm_into_a_checkpoint(tmp_path):
+    """What runs in the pod: run-job -> the local runner -> papermill -> a real kernel. SIGTERM to
+    the entrypoint (the kubelet deleting the pod) writes the stop request; the notebook saves and
+    finishes; the log reaches stdout (kubectl logs) and the job's log file."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("steps = 1000", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "import time\nfrom gpupool import checkpoint\nstate = checkpoint.load() or {'step': 0}\n"
+            "print('ready', flush=True)\n"
+            "for step in range(state['step'], steps):\n"
+            "    time.sleep(0.05)\n"
+            "    if checkpoint.should_stop():\n"
+            "        checkpoint.save({'step': step}, step=step)\n"
+            "        print('saved at', step, flush=True)\n"
+            "        break\n"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    jdir = tmp_path / "j-000007"
+    jdir.mkdir()
+    nbformat.write(nb, str(jdir / "input.ipynb"))
+    spec = km.JobPodSpec(job_id="j-000007", run_id="j-000007.0", user="u", queue="q", image="-",
+                         placement=PodPlacement(0, "n", ()), notebook=str(jdir / "input.ipynb"),
+                         output=str(jdir / "output.ipynb"), log=str(jdir / "log.txt"), job_dir=str(jdir),
+                         checkpoint_dir=str(jdir / "checkpoints"), stop_file=str(jdir / "STOP"),
+                         home_mount=str(tmp_path), grace_seconds=20, python=sys.executable)
+    manifest = km.job_pod_manifest(spec)
+    c = manifest["spec"]["containers"][0]
+    env = dict(os.environ)
+    env.update(env_of(manifest))
+    env.pop("NVIDIA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable if c["command"][0] == sys.executable else c["command"][0], *c["command"][1:], *c["args"]]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 90
+        while "ready" not in (jdir / "log.txt").read_text(errors="replace") if (jdir / "log.txt").exists() else True:
+            assert time.time() < deadline and proc.poll() is None, "the notebook did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # the kubelet deletes the pod
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert json.loads((jdir / "STOP").read_text())["reason"].startswith("the job's pod is being stopped")
+    assert "saved at" in text and "saved at" in (jdir / "log.txt").read_text()
+    assert "grace period over" not in text  # it stopped within its grace: no signal needed
+    assert json.loads((jdir / "runs" / "0" / "exit.json").read_text())["exit_code"] == 0
+    assert any(p.name.startswith("ckpt") or p.suffix for p in (jdir / "checkpoints").iterdir())
+    assert (jdir / "output.ipynb").exists()
