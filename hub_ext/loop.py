@@ -514,7 +514,8 @@ class SchedulerLoop:
                 changes.append({"id": row.id, "reason": reason})
         if changes:
             # only rows still queued: a cancel may have landed since the snapshot
-            s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes)
+            s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes,
+                      execution_options={"synchronize_session": None})
 
 
 def _where(allocation: list[dict] | None) -> str:

@@ -205,6 +205,8 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
         try:
             self.wait_for(self._hub_up, self.start_timeout, message="JupyterHub did not come up")
             self.wait_for(self._service_up, self.start_timeout, message="the gpupool service did not come up")
+            self.wait_for(self._proxy_routes_service, self.start_timeout,
+                          message="the proxy never routed /services/gpupool/")
             # a real admin's token, inheriting everything the admin holds
             self.admin_token = self.token(self.admins[0]) if self.admins else ""
         except BaseException:
@@ -228,6 +230,13 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
             return self.session.get(self.api_url + "health", timeout=2).status_code == 200
         except requests.RequestException:
             return False
+
+    def _proxy_routes_service(self) -> bool:
+        try:
+            r = self.session.get(self.proxy_api_url + "health", timeout=2)
+        except requests.RequestException:
+            return False
+        return r.status_code == 200 and r.headers.get("Content-Type", "").startswith("application/json")
 
     def service_environment(self) -> dict[str, str]:
         from traitlets.config.loader import PyFileConfigLoader
