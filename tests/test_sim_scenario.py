@@ -325,3 +325,11 @@ def test_examples_load_and_run():
     for path in examples:
         r = simulate(load_scenario(path))
         assert r["metrics"]["finished"] + r["metrics"]["rejected"] == r["metrics"]["workloads"], path.name
+
+
+def test_cycle_limit_stops_a_replay_that_never_settles():
+    r = simulate(parse_scenario(BASE), max_cycles=3)
+    assert r["metrics"]["scheduling_cycles"] == 3
+    assert r["metrics"]["end"].startswith("cycle limit")
+    res = run_cli(str(ROOT / "examples" / "scenarios" / "reclaim.yaml"), "--max-cycles", "0")
+    assert res.returncode == 2 and "--max-cycles: must be >= 1" in res.stderr

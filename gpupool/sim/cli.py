@@ -34,6 +34,8 @@ def register(subparsers) -> None:
     p.add_argument("--policy", default=None,
                    help="placement policy (scenario mode: overrides config.placement; trace mode: default, or the "
                         "paper's baselines random and bestfit)")
+    p.add_argument("--max-cycles", type=int, default=1_000_000,
+                   help="stop a replay that runs more scheduling cycles than this (default 1000000)")
     g = p.add_argument_group("trace fill mode")
     g.add_argument("--trace-nodes", metavar="NODES.csv", help="node list of the Alibaba GPU trace")
     g.add_argument("--trace-pods", metavar="PODS.csv", help="pod list of the Alibaba GPU trace")
@@ -86,13 +88,15 @@ def _run_scenario(args: argparse.Namespace) -> int:
             return _fail(f"--policy: unknown placement policy {args.policy!r} (choose from {', '.join(POLICIES)})")
         scenario.config = dataclasses.replace(scenario.config, placement=args.policy)
     seed = 0 if args.seed is None else args.seed
+    if args.max_cycles < 1:
+        return _fail("--max-cycles: must be >= 1")
 
     from .engine import Engine, SimulationError
     from .report import build_report, dumps, format_summary
 
     t0 = time.perf_counter()
     try:
-        engine = Engine(scenario, seed).run()
+        engine = Engine(scenario, seed, max_cycles=args.max_cycles).run()
     except SimulationError as e:
         if _debug():
             raise

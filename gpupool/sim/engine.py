@@ -184,7 +184,8 @@ class Engine:
     use it to check invariants at every step)."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, *, scheduler=None,
-                 on_cycle: Callable[["Engine", CycleRecord], None] | None = None, keep_cycles: bool = False):
+                 on_cycle: Callable[["Engine", CycleRecord], None] | None = None, keep_cycles: bool = False,
+                 max_cycles: int = 1_000_000):
         self.scenario = scenario
         self.seed = seed
         cfg = scenario.config
@@ -196,6 +197,7 @@ class Engine:
         self.scheduler = scheduler
         self.on_cycle = on_cycle
         self.keep_cycles = keep_cycles
+        self.max_cycles = max_cycles  # a safety valve against a scheduler that never settles
         self.sims = [SimWorkload(e, i) for i, e in enumerate(fresh_workloads(scenario))]
         self.by_name = {s.name: s for s in self.sims}
         self.node_names = {n.name: n for n in scenario.nodes}
@@ -391,7 +393,8 @@ class Engine:
                 sw.position = result.positions.get(sw.name, sw.position)
         self._accumulate_fair(t)
         self._fair_now = {q: float(result.fair_share.get(q, {}).get("gpu", 0.0)) for q in self._fair_now}
-        self.violations.extend(f"t={t:g}: {v}" for v in self.check_invariants())
+        if result.binds:  # only a bind can break them (evictions keep resources, releases free them)
+            self.violations.extend(f"t={t:g}: {v}" for v in self.check_invariants())
         record = CycleRecord(t, result, ms)
         if self.keep_cycles:
             self.records.append(record)
@@ -484,6 +487,9 @@ class Engine:
             last_end = max(last_end, self._drain(t))
             if all(sw.state in ("finished", "rejected") for sw in self.sims):
                 self.end_time, self.end_reason = last_end, "all workloads ended"
+                break
+            if self.cycles >= self.max_cycles:
+                self.end_time, self.end_reason = t, f"cycle limit ({self.max_cycles} cycles) reached"
                 break
             self.now = t
             decided = self._cycle(t)
