@@ -144,3 +144,136 @@ def test_import_gpupool_scheduler_stays_cheap():
 
 
 # -- against the real hub ------------------------------------------------------------------------
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import nbformat  # noqa: E402
+
+from hub_harness import Hub, notebook  # noqa: E402
+
+# One hub for all of the client's test files (test_client, test_cli, test_sweep, test_widgets,
+# test_browser): started by the first that needs it, stopped when the pytest session ends.
+SETTINGS = {
+    "nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi"}, {"name": "box2", "gpus": 1, "gpu_memory": "24Gi"}],
+    "queues": [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"]},
+               {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]}],
+}
+NOTEBOOKS = {
+    # logs acc = lr * step for steps 0..steps-1
+    "tiny.ipynb": notebook("import gpupool\nfor i in range(steps):\n    gpupool.log_metric('acc', lr * i, step=i)\n"
+                           "print('trained with lr', lr)", parameters="lr = 0.1\nsteps = 3"),
+    "sleepy.ipynb": notebook("import time\ntime.sleep(seconds)", parameters="seconds = 300"),
+    "broken.ipynb": notebook("raise ValueError('the data set is missing')"),
+    # sweep objective: score peaks at x == 3; trials with x < slow_below sleep between steps
+    "quad.ipynb": notebook("import time, gpupool\nfor i in range(steps):\n"
+                           "    gpupool.log_metric('score', (10 - (x - 3) ** 2) * (i + 1) / steps, step=i)\n"
+                           "    time.sleep(pause if x < slow_below else 0)",
+                           parameters="x = 0.0\nsteps = 3\npause = 0.0\nslow_below = -1e9"),
+}
+_SHARED: dict = {}
+
+
+def shared_hub(request, tmp_path_factory) -> Hub:
+    hub = _SHARED.get("hub")
+    if hub is None:
+        hub = Hub(tmp_path_factory.mktemp("gpupool-client"), gpupool=SETTINGS, users=["alice", "bob"], admins=["admin"])
+        hub.start()
+        request.config.add_cleanup(hub.stop)
+        for user in ("alice", "bob"):
+            for name, nb in NOTEBOOKS.items():
+                nbformat.write(nbformat.from_dict(nb), str(hub.home(user) / name))
+        _SHARED["hub"] = hub
+    return hub
+
+
+@pytest.fixture(scope="module")
+def hub(request, tmp_path_factory):
+    return shared_hub(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def alice(hub):
+    """A client for alice through the proxy, as a user outside the hub would connect."""
+    return api.Client(hub.hub_url, hub.token("alice"))
+
+
+@pytest.fixture
+def connected(hub, alice):
+    api._reset_default()
+    gpupool.connect(url=alice.url, token=alice.token)
+    yield alice
+    api._reset_default()
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_submit_wait_logs_output_metrics(connected, hub):
+    job = gpupool.submit("tiny.ipynb", gpus=0.5, parameters={"lr": 0.25, "steps": 4}, queue="vision")
+    assert job.id.startswith("j-") and job.data["kind"] == "train" and job.data["gpus"] == 0.5
+    sleeper = gpupool.submit("sleepy.ipynb", gpu_memory="8Gi", kind="inference", priority=10)
+    assert job.wait(timeout=180, progress=False) is job
+    assert job.status == "succeeded", (job.reason, job.logs())
+    assert job.reason  # a sentence for people
+    assert job.metrics == {"acc": [(0, 0.0), (1, 0.25), (2, 0.5), (3, 0.75)]}
+    assert "Executing" in job.logs() and "trained with lr 0.25" in job.logs()
+    out = job.output()
+    assert isinstance(out, nbformat.NotebookNode)
+    assert "trained with lr 0.25" in "".join(o.get("text", "") for c in out.cells for o in c.get("outputs", []))
+    again = gpupool.Job(job.id)
+    assert again.status == "succeeded" and again.data["parameters"] == {"lr": 0.25, "steps": 4}
+    assert job.id in [j.id for j in gpupool.jobs(status="succeeded")]
+    # the running one: visible with an allocation, then cancelled
+    hub.wait_job(connected.token, sleeper.id, {"running"}, timeout=60)
+    assert sleeper.refresh().allocation and sleeper.data["kind"] == "inference"
+    assert sleeper.cancel().status in ("cancelled", "preempting", "running")
+    sleeper.wait(timeout=60, progress=False)
+    assert sleeper.status == "cancelled" and sleeper.reason
+    with pytest.raises(gpupool.NotFound) as e:
+        gpupool.Job("j-999999")
+    assert "j-999999" in str(e.value)
+
+
+@pytest.mark.hub
+def test_service_errors_surface_with_message_and_field(connected, hub):
+    with pytest.raises(gpupool.BadRequest) as e:
+        gpupool.submit("tiny.ipynb", gpus=-1)
+    assert e.value.field == "gpus" and "gpus" in str(e.value)
+    with pytest.raises(gpupool.BadRequest) as e:
+        gpupool.submit("tiny.ipynb", queue="nope")
+    assert e.value.field == "queue" and "nope" in str(e.value)
+    with pytest.raises(gpupool.GPUPoolError) as e:
+        gpupool.submit("tiny.ipynb", gpus=0.5, queue="nlp")  # bob's queue, not alice's
+    assert isinstance(e.value, gpupool.Forbidden) and "nlp" in str(e.value)
+    with pytest.raises(gpupool.Unauthorized):
+        api.Client(hub.hub_url, "not-a-token").queues()
+    no_scope = api.Client(hub.api_url, hub.token("alice", scopes=["read:users:name!user"]))
+    with pytest.raises(gpupool.Forbidden):
+        no_scope.queues()
+
+
+@pytest.mark.hub
+def test_queues_nodes_and_in_memory_notebook(connected, hub):
+    qs = {q["name"]: q for q in gpupool.queues()}
+    assert qs["vision"]["may_submit"] and not qs["nlp"]["may_submit"]
+    nodes = {n["name"]: n for n in gpupool.nodes()}
+    assert len(nodes["box"]["gpus"]) == 2 and len(nodes["box2"]["gpus"]) == 1
+    nb = notebook("import gpupool\ngpupool.log_metric('x', 1.5, step=0)")
+    job = gpupool.submit(notebook_content=nb, gpus=0.25, name="inline")
+    assert job.data["name"] == "inline"
+    job.cancel()
+
+
+@pytest.mark.hub
+def test_single_user_server_environment_finds_the_service(hub, monkeypatch, tmp_path):
+    """With only the variables JupyterHub gives a server, the client finds the service and the token."""
+    for k in ("GPUPOOL_URL", "GPUPOOL_TOKEN", "GPUPOOL_API_URL", "GPUPOOL_API_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("GPUPOOL_CLIENT_CONFIG", str(tmp_path / "none.json"))
+    monkeypatch.setenv("JUPYTERHUB_API_URL", hub.hub_api_url)
+    monkeypatch.setenv("JUPYTERHUB_BASE_URL", "/")
+    monkeypatch.setenv("JUPYTERHUB_PUBLIC_HUB_URL", hub.hub_url + "hub/")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.token("alice"))
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
+    c = api.Client.from_env()
+    assert c.url == hub.proxy_api_url and c.url_source == "JUPYTERHUB_PUBLIC_HUB_URL"
+    assert any(q["name"] == "vision" for q in c.queues())

@@ -220,7 +220,7 @@ class Sweep:
     def __init__(self, notebook, space, objective, *, direction="maximize", trials=20, parallel=4,
                  gpus=None, gpu_memory=None, queue=None, sampler="tpe", pruner="median", name=None,
                  storage=None, parameters=None, seed=None, poll=2.0, priority=None,
-                 checkpoint_on_signal=None, client: Client | None = None, quiet=True):
+                 checkpoint_on_signal=None, client: Client | None = None, quiet=True, initial=None):
         import optuna
         if quiet:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -263,6 +263,8 @@ class Sweep:
         if attrs.get("notebook") is None:
             self.study.set_user_attr("notebook", self.notebook)
             self.study.set_user_attr("objective", objective)
+            for params in initial or ():  # known configurations to try first
+                self.study.enqueue_trial(dict(params), skip_if_exists=True)
             self.resumed = False
         else:
             if attrs.get("notebook") != self.notebook or attrs.get("objective") != objective:
@@ -613,7 +615,8 @@ def sweep(notebook, space: Mapping[str, Any], objective: str, *, direction: str 
           queue: str | None = None, sampler="tpe", pruner="median", name: str | None = None,
           storage=None, parameters: Mapping[str, Any] | None = None, seed: int | None = None,
           poll: float = 2.0, priority: int | None = None, checkpoint_on_signal: bool | None = None,
-          block: bool = False, client: Client | None = None) -> Sweep:
+          block: bool = False, initial: Sequence[Mapping[str, Any]] | None = None,
+          client: Client | None = None) -> Sweep:
     """Run a hyperparameter sweep over ``notebook``; returns a :class:`Sweep` at once.
 
     ``space`` maps parameter names to ``loguniform``/``uniform``/``intuniform``/``choice`` (or a
@@ -622,12 +625,13 @@ def sweep(notebook, space: Mapping[str, Any], objective: str, *, direction: str 
     ``"random"``, ``"grid"`` or an optuna sampler; ``pruner`` ``"median"`` (default), ``"hyperband"``,
     ``"successive_halving"``, ``None`` or an optuna pruner. Give ``name`` to resume the sweep later:
     the study lives in ``storage`` (default ``./.gpupool-sweeps.db``). The driver runs in a
-    background thread; ``sweep.wait()`` blocks (or pass ``block=True``).
+    background thread; ``sweep.wait()`` blocks (or pass ``block=True``). ``initial`` lists
+    parameter dicts to try first (e.g. a known-good configuration).
     """
     s = Sweep(notebook, space, objective, direction=direction, trials=trials, parallel=parallel, gpus=gpus,
               gpu_memory=gpu_memory, queue=queue, sampler=sampler, pruner=pruner, name=name, storage=storage,
               parameters=parameters, seed=seed, poll=poll, priority=priority,
-              checkpoint_on_signal=checkpoint_on_signal, client=client)
+              checkpoint_on_signal=checkpoint_on_signal, client=client, initial=initial)
     if block:
         s.run()
         if s.status == "failed":
