@@ -28,7 +28,7 @@ from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacem
                     Workload)
 from .placement import FirstFit, make_policy
 from .units import format_amount
-from .victims import lost_gpu_seconds, victim_order
+from .victims import lost_gpu_seconds, victim_key
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
@@ -175,11 +175,17 @@ class Cycle:
                 gpu_shapes[req] = gpu_shapes.get(req, 0.0) + count
         total = sum(gpu_shapes.values()) or 1.0
         self.shapes = sorted(((r, c / total) for r, c in gpu_shapes.items()), key=lambda rc: rc[0].shape)
+        # one policy instance per capacity view: fragmentation-aware policies cache per-node
+        # scores and would recompute every row that differs each time the view switched
         self.policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
+        self.future_policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
         self.failed_shapes: set[tuple] = set()
         self.reasons: dict[tuple, tuple[str, str]] = {}  # capacity reasons by shape, reset on binds
         self.evicted: set[str] = set()
         self.reserved: dict[str, float] = {n: 0.0 for n in names}
+        self._vnodes: dict[str, list[tuple[int, int]]] = {}
+        self._vcost: dict[str, float] = {}
+        self._vkeys: dict[str, tuple] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
 
@@ -267,7 +273,7 @@ class Cycle:
         domain). On success the pods are placed through ``st``; on failure nothing changed.
         ``probe``: only the answer matters (does it fit?), so take the first feasible node
         instead of scoring every node with the placement policy."""
-        policy = PROBE if probe else self.policy
+        policy = PROBE if probe else (self.future_policy if st.state is self.future else self.policy)
         domains = self._domains(c) if c.w.pods > 1 else [None]
         for dmask in domains:
             mask = c.mask if dmask is None else (dmask if c.mask is None else (dmask & c.mask))
@@ -361,6 +367,34 @@ class Cycle:
         self.result.binds.append(Bind(w.id, placements, reason, over_quota=over))
         self.result.pending.pop(w.id, None)
         self.reasons.clear()  # free capacity changed
+
+    def victim_nodes(self, v: Workload) -> list[tuple[int, int]]:
+        """(node index, milli held there) for each node the workload runs on (cached)."""
+        hit = self._vnodes.get(v.id)
+        if hit is None:
+            per: dict[int, int] = {}
+            for p in v.placements:
+                n = self.future.index.get(p.node)
+                if n is not None:
+                    per[n] = per.get(n, 0) + p.milli * len(p.gpus)
+            hit = self._vnodes[v.id] = sorted(per.items())
+        return hit
+
+    def victim_cost(self, v: Workload) -> float:
+        hit = self._vcost.get(v.id)
+        if hit is None:
+            hit = self._vcost[v.id] = lost_gpu_seconds(v, self.now_t, self.amounts[v.id][0])
+        return hit
+
+    def victim_order(self, workloads: Iterable[Workload]) -> list[Workload]:
+        """``victims.victim_order`` with the per-workload keys computed once per cycle."""
+        keys = self._vkeys
+        out = list(workloads)
+        for v in out:
+            if v.id not in keys:
+                keys[v.id] = victim_key(v, self.now_t, self.amounts[v.id][0])
+        out.sort(key=lambda v: keys[v.id])
+        return out
 
     def future_place(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:
         for p in placements:
@@ -488,6 +522,49 @@ def _pipeline(ctx: Cycle, c: Candidate) -> bool:
     return True
 
 
+class Budget:
+    """Which victims a plan may take. The default takes any (priority preemption in a queue)."""
+
+    def reset(self) -> None:
+        pass
+
+    def allows(self, v: Workload) -> bool:
+        return True
+
+    def take(self, v: Workload) -> None:
+        pass
+
+
+class ReclaimBudget(Budget):
+    """Reclaim's stability rule, checked in O(1) per victim: after the move, the victim's side
+    (where the two queues' ancestries split) stays at least as far over its fair share as the
+    reclaimer's side ends up. Victims already taken in the plan count against their side."""
+
+    def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
+        self.ctx, self.reclaimer, self.amount = ctx, reclaimer, amount
+        self.sides: dict[str, tuple[str, float, float]] = {}  # victim queue -> (side, over, limit)
+        self.gone: dict[str, float] = {}
+
+    def _side(self, queue: str) -> tuple[str, float, float]:
+        hit = self.sides.get(queue)
+        if hit is None:
+            aq, ap = self.ctx.tree.split(self.reclaimer, queue)
+            hit = self.sides[queue] = (ap, self.ctx.over(ap), self.ctx.over(aq, self.amount))
+        return hit
+
+    def reset(self) -> None:
+        self.gone.clear()
+
+    def allows(self, v: Workload) -> bool:
+        side, over, reclaimer_after = self._side(v.queue)
+        victim_after = over - self.gone.get(side, 0.0) - self.ctx.amounts[v.id][0]
+        return victim_after >= reclaimer_after - EPS
+
+    def take(self, v: Workload) -> None:
+        side = self._side(v.queue)[0]
+        self.gone[side] = self.gone.get(side, 0.0) + self.ctx.amounts[v.id][0]
+
+
 def _fits(ctx: Cycle, c: Candidate, mask: np.ndarray | None = None) -> bool:
     probe = Statement(ctx, ctx.future)
     cand = c if mask is None else Candidate(c.w, c.req, c.amount, mask if c.mask is None else (mask & c.mask))
@@ -498,15 +575,15 @@ def _fits(ctx: Cycle, c: Candidate, mask: np.ndarray | None = None) -> bool:
 
 
 def _make_room(ctx: Cycle, c: Candidate, victims: list[Workload],
-               allowed: Callable[[list[Workload], Workload], bool]) -> list[Workload] | None:
-    """The victims (from ``victims``, in preference order, each accepted by ``allowed``) whose
+               budget: Budget) -> list[Workload] | None:
+    """The victims (from ``victims``, in preference order, each accepted by ``budget``) whose
     removal from the future view lets ``c`` fit, losing the least work. On success the victims are
     removed and ``c`` is placed in the future view; on failure the view is unchanged.
 
     A single-pod workload is planned node by node (its pod needs room on one node): the cheapest
     victim set of each node is found and the node that loses the least work wins. A gang is
     planned greedily over the whole cluster, then unnecessary victims are pruned."""
-    plan = _plan_single(ctx, c, victims, allowed) if c.w.pods == 1 else _plan_gang(ctx, c, victims, allowed)
+    plan = _plan_single(ctx, c, victims, budget) if c.w.pods == 1 else _plan_gang(ctx, c, victims, budget)
     if plan is None:
         return None
     chosen, mask = plan
@@ -521,34 +598,53 @@ def _make_room(ctx: Cycle, c: Candidate, victims: list[Workload],
     return chosen
 
 
+def fits_on(state: ClusterState, n: int, req: PodRequest) -> bool:
+    """Does one pod of ``req`` fit on node ``n`` now? (O(GPUs), no scoring.)"""
+    if state.cpu_free[n] < req.cpu_milli or state.mem_free[n] < req.memory:
+        return False
+    if req.num_gpus == 0:
+        return True
+    milli = state.milli_on(n, req)
+    return milli <= MILLI and int((state.gpu_free[n] >= milli).sum()) >= req.num_gpus
+
+
 def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload],
-                 allowed: Callable[[list[Workload], Workload], bool]) -> tuple[list[Workload], np.ndarray] | None:
+                 budget: Budget) -> tuple[list[Workload], np.ndarray] | None:
     fut = ctx.future
     on_node: dict[int, list[Workload]] = {}
-    for v in victims:
-        for n in sorted({fut.index[p.node] for p in v.placements if p.node in fut.index}):
+    room: dict[int, int] = {}  # milli the node's candidates hold there
+    for v in victims:  # already in victim order, so each node's list is too
+        for n, milli in ctx.victim_nodes(v):
             on_node.setdefault(n, []).append(v)
-    best: tuple[tuple, list[Workload], np.ndarray] | None = None
-    for n, vs in sorted(on_node.items()):
+            room[n] = room.get(n, 0) + milli
+    need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
+    best: tuple[tuple, list[Workload], int] | None = None
+    free = fut.gpu_free.sum(axis=1)
+    for n in sorted(on_node):
         if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
             continue
-        only = np.zeros(len(fut.nodes), dtype=bool)
-        only[n] = True
+        if int(free[n]) + room[n] < need:  # even evicting all of them is not enough
+            continue
         st = Statement(ctx, fut)
         chosen: list[Workload] = []
-        for v in vs:
-            if not allowed(chosen, v):
+        budget.reset()
+        for v in on_node[n]:
+            if not budget.allows(v):
                 continue
             st.remove(v, v.placements)
+            budget.take(v)
             chosen.append(v)
-            if _fits(ctx, c, only):
-                cost = (sum(lost_gpu_seconds(x, ctx.now_t, ctx.amounts[x.id][0]) for x in chosen), len(chosen),
-                        fut.nodes[n].name)
+            if fits_on(fut, n, c.req):
+                cost = (sum(ctx.victim_cost(x) for x in chosen), len(chosen), fut.nodes[n].name)
                 if best is None or cost < best[0]:
-                    best = (cost, list(chosen), only)
+                    best = (cost, list(chosen), n)
                 break
         st.rollback()
-    return None if best is None else (best[1], best[2])
+    if best is None:
+        return None
+    only = np.zeros(len(fut.nodes), dtype=bool)
+    only[best[2]] = True
+    return best[1], only
 
 
 def _fits_without(ctx: Cycle, c: Candidate, gone: list[Workload]) -> bool:
@@ -561,16 +657,18 @@ def _fits_without(ctx: Cycle, c: Candidate, gone: list[Workload]) -> bool:
 
 
 def _plan_gang(ctx: Cycle, c: Candidate, victims: list[Workload],
-               allowed: Callable[[list[Workload], Workload], bool]) -> tuple[list[Workload], None] | None:
+               budget: Budget) -> tuple[list[Workload], None] | None:
     st = Statement(ctx, ctx.future)
     chosen: list[Workload] = []
     need = c.amount[0]
     freed = float(ctx.future.gpu_free[ctx.future.schedulable].sum()) / MILLI
     found = False
+    budget.reset()
     for v in victims:
-        if not allowed(chosen, v):
+        if not budget.allows(v):
             continue
         st.remove(v, v.placements)
+        budget.take(v)
         chosen.append(v)
         freed += ctx.amounts[v.id][0]
         if freed + EPS >= need and _fits(ctx, c):
@@ -638,16 +736,9 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
                 over = over_cache[side] = ctx.over(side)
             if over > EPS:
                 cands.extend(v for v in vs if v.id not in ctx.evicted)
-        cands = victim_order(cands, ctx.now_t, lambda x: ctx.amounts[x.id])
+        cands = ctx.victim_order(cands)
 
-        def allowed(chosen: list[Workload], v: Workload) -> bool:
-            aq, ap = ctx.tree.split(w.queue, v.queue)
-            gone = sum(ctx.amounts[x.id][0] for x in chosen if ctx.tree.split(w.queue, x.queue)[1] == ap)
-            victim_after = ctx.over(ap) - gone - ctx.amounts[v.id][0]
-            reclaimer_after = ctx.over(aq, c.amount[0])
-            return victim_after >= reclaimer_after - EPS
-
-        victims = _make_room(ctx, c, cands, allowed) if cands else None
+        victims = _make_room(ctx, c, cands, ReclaimBudget(ctx, w.queue, c.amount[0])) if cands else None
         if victims is None:
             tried.add(key)
             left.append(c)
@@ -688,8 +779,8 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             left.append(c)
             continue
         cands = [v for v in by_queue[w.queue] if v.priority < w.priority and v.id not in ctx.evicted]
-        cands = victim_order(cands, ctx.now_t, lambda x: ctx.amounts[x.id])
-        victims = _make_room(ctx, c, cands, lambda chosen, v: True) if cands else None
+        cands = ctx.victim_order(cands)
+        victims = _make_room(ctx, c, cands, Budget()) if cands else None
         if victims is None:
             tried.add(key)
             left.append(c)
@@ -738,7 +829,7 @@ def _consolidate_one(ctx: Cycle, c: Candidate, on_node: dict[str, list[Workload]
         if movers and room + EPS >= need:
             nodes.append((-float(fut.gpu_free[n].sum()), name, n, movers))
     for _, name, n, movers in sorted(nodes):
-        victims = victim_order(movers, ctx.now_t, lambda x: ctx.amounts[x.id])
+        victims = ctx.victim_order(movers)
         st = Statement(ctx, fut)
         only_n = np.zeros(len(fut.nodes), dtype=bool)
         only_n[n] = True

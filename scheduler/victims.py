@@ -16,9 +16,11 @@ def lost_gpu_seconds(w: Workload, now: float, gpus: float) -> float:
     return w.lost_work(now) * max(gpus, 1e-3)
 
 
+def victim_key(w: Workload, now: float, gpus: float) -> tuple:
+    started = w.started_at if w.started_at is not None else now
+    return (lost_gpu_seconds(w, now, gpus), w.priority, -started, w.id)
+
+
 def victim_order(workloads: Iterable[Workload], now: float,
                  amount: Callable[[Workload], tuple[float, float, float]]) -> list[Workload]:
-    def key(w: Workload) -> tuple:
-        started = w.started_at if w.started_at is not None else now
-        return (lost_gpu_seconds(w, now, amount(w)[0]), w.priority, -started, w.id)
-    return sorted(workloads, key=key)
+    return sorted(workloads, key=lambda w: victim_key(w, now, amount(w)[0]))
