@@ -18,7 +18,8 @@ that gpupool and KubeSpawner rely on; :class:`FakeKube` adds them:
 * ``pods/{name}/log`` serves the text set with :meth:`KubeCluster.set_log`.
 
 The fake kubelet binds pods to the node named by their required node affinity (``matchFields
-metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName``, refuses a
+metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName`` (else to the
+first Ready, uncordoned node matching the ``nodeSelector``, as a scheduler would), refuses a
 node that is missing, cordoned, NotReady or out of ``nvidia.com/gpu`` (the pod stays Pending
 with an ``Unschedulable`` condition, as the kube-scheduler would leave it) and otherwise moves the
 pod to Running with a pod IP and ready container statuses.
@@ -414,6 +415,12 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                 if phase != "Pending":
                     continue
                 node_name = _pod_node(pod)
+                if node_name is None:  # no constraint: like the kube-scheduler, any fitting node
+                    sel = pod.get("spec", {}).get("nodeSelector") or {}
+                    node_name = next((n for n, obj in sorted(nodes.items())
+                                      if not obj.get("spec", {}).get("unschedulable") and _node_ready(obj)
+                                      and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())),
+                                     None)
                 node = nodes.get(node_name) if node_name else None
                 reason = None
                 if node is None:
