@@ -299,6 +299,7 @@ async def serve(settings: Settings) -> int:
     hub_auth = HubAuth(cache_max_age=60)
     auth = Authenticator(hub_auth, sessions, hub_auth.api_url, hub_auth.api_token, pool.group_cache_seconds)
     svc = Service(settings, sessions, loop, auth, metrics, nvml)
+    await loop.start()  # re-adopt / finish / requeue what the last run left, before answering anyone
     app = web.Application(routes(prefix), gpupool=svc, log_function=_log_request)
     server = app.listen(port, address=host, xheaders=True)
     log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),
@@ -308,7 +309,6 @@ async def serve(settings: Settings) -> int:
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, stop.set)
-    await loop.start()
     await stop.wait()
     log.info("stopping (running jobs keep running; the next start re-adopts them)")
     server.stop()

@@ -213,9 +213,9 @@ class LocalBackend(JobBackend):
             return handle, RunState(RUNNING)
         pids = run_pids(spec.run_id)
         if pids:
-            # the runner is the session leader of the run (pid == its process group)
-            leaders = [p for p in pids if _pgid(p) == p] or sorted(pids)
-            pid = leaders[0]
+            # the runner: our wrapper, leader of its process group (the kernel leads a session too)
+            runners = [p for p in pids if _is_runner(p)]
+            pid = runners[0] if runners else min(pids)
             return ({"pid": pid, "pgid": _pgid(pid) or pid, "run_id": spec.run_id, "exit_file": exit_file,
                      "started": None}, RunState(RUNNING))
         code = read_exit(exit_file)
@@ -228,6 +228,11 @@ class LocalBackend(JobBackend):
 
     async def close(self) -> None:
         self._procs.clear()  # runs keep going; a restarted service adopts them
+
+
+def _is_runner(pid: int) -> bool:
+    cmd = _read(f"/proc/{pid}/cmdline") or b""
+    return b"gpupool.backends.local\0run\0" in cmd and _pgid(pid) == pid
 
 
 def _pgid(pid: int) -> int | None:

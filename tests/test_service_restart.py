@@ -1,0 +1,113 @@
+"""SIGKILL the gpupool service mid-run and restart it: nothing lost, no GPU handed out twice,
+running jobs re-adopted (even one whose handle never reached the database), vanished ones requeued."""
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from hub_harness import Hub, _environ
+
+pytestmark = pytest.mark.hub
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pids_of(hub: Hub, job_id: str) -> list[int]:
+    tag = f"GPUPOOL_JOB_ID={job_id}\0".encode()
+    return [p for p in hub.job_pids() if tag in _environ(p)]
+
+
+def runner_pid(hub: Hub, job_id: str) -> int:
+    from gpupool.backends.local import _is_runner
+
+    pids = pids_of(hub, job_id)
+    leaders = [p for p in pids if _is_runner(p)]
+    assert len(leaders) == 1, (job_id, pids)
+    return leaders[0]
+
+
+def check_no_double_allocation(hub: Hub, token: str) -> None:
+    for node in hub.api("GET", "nodes", token).json()["nodes"]:
+        for gpu in node["gpus"]:
+            assert gpu["allocated"] <= 1.0 + 1e-9, gpu
+            assert len(gpu["allocations"]) <= 1, gpu  # whole-GPU jobs only in this test
+
+
+def steps(path: Path) -> list[tuple[int, int]]:
+    return [(int(a), int(s)) for a, s in re.findall(r"attempt=(\d+) step=(\d+)", path.read_text())]
+
+
+def test_sigkill_and_restart_loses_nothing(tmp_path):
+    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 2}]}, users=["alice"], managed=False) as hub:
+        shutil.copy(ROOT / "examples" / "train_checkpoint.ipynb", hub.home("alice") / "train.ipynb")
+        tok = hub.token("alice")
+        ids = []
+        for name in ("a", "b", "c"):
+            r = hub.api("POST", "jobs", tok, json={"notebook": "train.ipynb", "gpus": 1, "name": name, "parameters": {
+                "steps": 40, "step_seconds": 0.2, "steps_file": f"steps-{name}.txt"}})
+            assert r.status_code == 201
+            ids.append(r.json()["id"])
+        a, b, c = ids
+        hub.wait_job(tok, a, {"running"}, 60)
+        hub.wait_job(tok, b, {"running"}, 60)
+        home = hub.home("alice")
+        hub.wait_for(lambda: all((home / f"steps-{n}.txt").exists() and len(steps(home / f"steps-{n}.txt")) >= 3
+                                 for n in "ab"), 60)
+        queued_c = hub.api("GET", f"jobs/{c}", tok).json()
+        assert queued_c["status"] == "queued" and queued_c["position"] == 1
+        a_runner = runner_pid(hub, a)
+
+        hub.kill_service(signal.SIGKILL)
+        # While the service is down: b's processes die (a node problem, an OOM kill...), and a's row
+        # looks as if the service died between writing "starting" and writing the handle.
+        for pid in pids_of(hub, b):
+            try:
+                import os
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
+        db.execute("UPDATE workloads SET status='starting', handle=NULL WHERE id=?", (int(a[2:]),))
+        db.commit()
+        db.close()
+        hub.start_service()
+
+        ja = hub.api("GET", f"jobs/{a}", tok).json()
+        assert ja["status"] == "running" and ja["attempts"] == 1 and ja["restarts"] == 0, ja
+        assert runner_pid(hub, a) == a_runner  # the same process, adopted without a handle
+        jb = hub.api("GET", f"jobs/{b}", tok).json()
+        assert jb["restarts"] == 1 and jb["attempts"] in (1, 2), jb  # requeued (and maybe started again)
+        if jb["status"] == "queued":
+            assert "gpupool service restarted" in jb["reason"], jb
+        check_no_double_allocation(hub, tok)
+
+        # everything finishes; GPUs are never double-booked on the way
+        def all_done():
+            check_no_double_allocation(hub, tok)
+            views = [hub.api("GET", f"jobs/{j}", tok).json() for j in ids]
+            return views if all(v["status"] in ("succeeded", "failed", "cancelled") for v in views) else None
+
+        va, vb, vc = hub.wait_for(all_done, 150, 0.5, message="jobs did not all finish after the restart")
+        assert [v["status"] for v in (va, vb, vc)] == ["succeeded"] * 3, (va, vb, vc)
+        assert va["attempts"] == 1 and va["restarts"] == 0  # never restarted: adopted
+        assert vb["attempts"] == 2 and vb["restarts"] == 1 and vb["preemptions"] == 0
+        assert vc["attempts"] == 1
+        # a: one uninterrupted run; b: resumed from its last save (at most the step in flight repeats)
+        assert [s for _, s in steps(home / "steps-a.txt")] == list(range(40))
+        rb = steps(home / "steps-b.txt")
+        assert sorted({s for _, s in rb}) == list(range(40))
+        first = [s for att, s in rb if att == 1]
+        second = [s for att, s in rb if att == 2]
+        assert second[0] >= first[-1] and len(rb) - 40 <= 1, rb
+        assert "resumed from ckpt-" in hub.api("GET", f"jobs/{b}/log", tok).text
+        assert not hub.job_pids()
+
+        # SIGTERM: the service exits promptly (kill_service waits at most 10 s)
+        hub.kill_service(signal.SIGTERM, timeout=10)
+        assert "stopping (running jobs keep running" in hub.service_log()
+        assert "Traceback" not in hub.service_log()
