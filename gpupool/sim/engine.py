@@ -184,8 +184,7 @@ class Engine:
     use it to check invariants at every step)."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, *, scheduler=None,
-                 on_cycle: Callable[["Engine", CycleRecord], None] | None = None, keep_cycles: bool = False,
-                 max_cycles: int = 1_000_000):
+                 on_cycle: Callable[["Engine", CycleRecord], None] | None = None, max_cycles: int = 1_000_000):
         self.scenario = scenario
         self.seed = seed
         cfg = scenario.config
@@ -196,7 +195,6 @@ class Engine:
                                                   placement=cfg.placement, topology_key=cfg.topology_key, seed=seed))
         self.scheduler = scheduler
         self.on_cycle = on_cycle
-        self.keep_cycles = keep_cycles
         self.max_cycles = max_cycles  # a safety valve against a scheduler that never settles
         self.sims = [SimWorkload(e, i) for i, e in enumerate(fresh_workloads(scenario))]
         self.by_name = {s.name: s for s in self.sims}
@@ -206,7 +204,6 @@ class Engine:
         self.cycles = 0
         self.cycle_ms: list[float] = []
         self.timeline: list[dict] = []
-        self.records: list[CycleRecord] = []
         self.leaf_gpu_seconds = {q: 0.0 for q in scenario.leaves}
         self.fair_integral = {q.name: 0.0 for q in scenario.queues}
         self._fair_now = {q.name: 0.0 for q in scenario.queues}
@@ -218,7 +215,8 @@ class Engine:
         self.violations: list[str] = []  # broken promises of the scheduler (see check_invariants)
         self._heap: list[tuple] = []
         self._seq = 0
-        self._active: list[SimWorkload] = []  # submitted, not ended, in submit order
+        self._active: dict[int, SimWorkload] = {}  # submitted, not ended, in submit order
+        self._ended = 0  # finished or rejected
 
     # -- event queue -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, sw: SimWorkload | None) -> None:
@@ -263,17 +261,19 @@ class Engine:
             if why:
                 sw.state, sw.rejected = "rejected", why
                 sw.finished_at = None
+                self._ended += 1
                 self._event(t, "reject", sw, why)
                 return
             sw.state = "pending"
-            self._active.append(sw)
+            self._active[sw.index] = sw
         elif kind == "finish":
             self._free(sw, t)
             sw.state, sw.finished_at = "finished", t
             sw.w.phase = Phase.PENDING
             sw.run_start = None
             sw.version += 1
-            self._active.remove(sw)
+            del self._active[sw.index]
+            self._ended += 1
             self._event(t, "finish", sw, "completed")
         elif kind == "release":
             if sw.frozen_progress is not None:
@@ -360,12 +360,12 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------------
     def _snapshot(self, t: float) -> Snapshot:
-        for sw in self._active:
+        for sw in self._active.values():
             if sw.state in ("running", "releasing"):
                 ct, _ = sw.last_checkpoint(t)
                 sw.w.last_checkpoint_at = ct
         return Snapshot(now=t, nodes=self.scenario.nodes, queues=self.scenario.queues,
-                        workloads=[sw.w for sw in self._active])
+                        workloads=[sw.w for sw in self._active.values()])
 
     def _accumulate_fair(self, t: float) -> None:
         dt = t - self._fair_since
@@ -387,7 +387,7 @@ class Engine:
             self._apply_evict(e, t)
         for b in result.binds:
             self._apply_bind(b, t)
-        for sw in self._active:
+        for sw in self._active.values():
             if sw.state == "pending":
                 sw.pending_reason = result.pending.get(sw.name, sw.pending_reason)
                 sw.position = result.positions.get(sw.name, sw.position)
@@ -396,8 +396,6 @@ class Engine:
         if result.binds:  # only a bind can break them (evictions keep resources, releases free them)
             self.violations.extend(f"t={t:g}: {v}" for v in self.check_invariants())
         record = CycleRecord(t, result, ms)
-        if self.keep_cycles:
-            self.records.append(record)
         self.timeline.append({"t": t, "queues": self._queue_state()})
         if self.on_cycle is not None:
             self.on_cycle(self, record)
@@ -413,7 +411,7 @@ class Engine:
         mem_use: dict[str, int] = {}
         leaf = {q: 0.0 for q in self.scenario.leaves}
         fixed = {q: 0.0 for q in self.scenario.leaves}
-        for sw in self._active:
+        for sw in self._active.values():
             if sw.state not in ("running", "releasing"):
                 continue
             w = sw.w
@@ -451,7 +449,7 @@ class Engine:
     def allocated_by_queue(self) -> dict[str, float]:
         """GPUs held right now per queue, departments summing their children."""
         leaf = {q: 0.0 for q in self.scenario.leaves}
-        for sw in self._active:
+        for sw in self._active.values():
             if sw.state in ("running", "releasing"):
                 leaf[sw.w.queue] += sw.gpu_share
         return self._roll_up(leaf)
@@ -485,7 +483,7 @@ class Engine:
                 self.end_time, self.end_reason = until, "until"
                 break
             last_end = max(last_end, self._drain(t))
-            if all(sw.state in ("finished", "rejected") for sw in self.sims):
+            if self._ended == len(self.sims):
                 self.end_time, self.end_reason = last_end, "all workloads ended"
                 break
             if self.cycles >= self.max_cycles:
@@ -518,7 +516,7 @@ class Engine:
 
     def _finish_accounting(self) -> None:
         end = self.end_time
-        for sw in self._active:
+        for sw in self._active.values():
             if sw.state in ("running", "releasing") and sw.run_start is not None:
                 self.leaf_gpu_seconds[sw.w.queue] += (end - sw.run_start) * sw.gpu_share
         self._accumulate_fair(end)
