@@ -282,6 +282,7 @@ class Sweep:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
+        self.error_traceback: str | None = None  # for bug reports when the driver itself crashed
         self.last_problem: str | None = None  # a transient problem (service unreachable...), cleared on success
         self._state = "created"
         self._reattach()
@@ -467,7 +468,7 @@ class Sweep:
                         raise SweepError(f"cannot reattach sweep {self.name}: {e}") from None
                 job = by_name.get(self._job_name(t.number))
                 if job is None:
-                    self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                    _tell(self.study, t.number, state=optuna.trial.TrialState.FAIL)
                     self.study._storage.set_trial_user_attr(t._trial_id, "reason", "never submitted (driver stopped)")
                     continue
                 job_id = job["id"]
@@ -502,9 +503,11 @@ class Sweep:
             self.error = str(e)
             self._state = "failed"
         except Exception as e:  # never die silently in a background thread
+            import traceback
             self.error = f"{type(e).__name__}: {e}"
+            self.error_traceback = traceback.format_exc()
             self._state = "failed"
-            logging.getLogger("gpupool.sweep").exception("sweep %s driver crashed", self.name)
+            logging.getLogger("gpupool.sweep").debug("sweep %s driver crashed", self.name, exc_info=True)
 
     def _n_trials(self) -> int:
         with self._lock:
@@ -522,14 +525,14 @@ class Sweep:
                 job = self.client.submit(body)
             except ConnectionFailed:
                 with self._lock:
-                    self.study.tell(trial, state=_state("FAIL"))
+                    _tell(self.study, trial, state=_state("FAIL"))
                     self.study._storage.set_trial_user_attr(trial._trial_id, "reason", "submission failed: service unreachable")
                 raise
             except GPUPoolError as e:
                 # The service refused the trial: every other trial would be refused alike.
                 with self._lock:
                     trial.set_user_attr("reason", f"submission refused: {e}")
-                    self.study.tell(trial, state=_state("FAIL"))
+                    _tell(self.study, trial, state=_state("FAIL"))
                 self.error = f"the service refused trial {trial.number}: {e}"
                 return
             with self._lock:
@@ -592,9 +595,9 @@ class Sweep:
             if job_status:
                 trial.set_user_attr("job_status", job_status)
             if state == "complete":
-                self.study.tell(trial, value, skip_if_finished=True)
+                _tell(self.study, trial, value, skip_if_finished=True)
             else:
-                self.study.tell(trial, state=_state("PRUNED" if state == "pruned" else "FAIL"), skip_if_finished=True)
+                _tell(self.study, trial, state=_state("PRUNED" if state == "pruned" else "FAIL"), skip_if_finished=True)
 
     def _failure_guard(self) -> None:
         import optuna
@@ -603,6 +606,17 @@ class Sweep:
         if len(finished) >= _FAILURE_GUARD and all(t.state == optuna.trial.TrialState.FAIL for t in finished):
             self.error = (f"the first {len(finished)} trials all failed, stopping (last: "
                           f"{finished[-1].user_attrs.get('reason', 'unknown')})")
+
+
+def _tell(study, trial, *args, **kw) -> None:
+    """study.tell, tolerating samplers (GridSampler) that call study.stop() when their grid is used
+    up: that only works inside optimize(); the driver counts trials itself, and optuna has stored the
+    result before the sampler's after_trial raises."""
+    try:
+        study.tell(trial, *args, **kw)
+    except RuntimeError as e:
+        if "Study.stop" not in str(e):
+            raise
 
 
 def _state(name: str):
