@@ -49,6 +49,16 @@ def _fail(message: str, code: int = USAGE_ERROR) -> int:
     return code
 
 
+def _emit(text: str) -> None:
+    """Print to stdout; a reader that went away (``| head``) is not an error."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+
+
 def _debug() -> bool:
     return os.environ.get("GPUPOOL_DEBUG", "") not in ("", "0")
 
@@ -107,10 +117,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
         return _fail(f"internal error in the scheduler: {type(e).__name__}: {e} "
                      "(run with GPUPOOL_DEBUG=1 for the traceback)", 1)
     report = build_report(engine, timeline=args.timeline, wall_seconds=time.perf_counter() - t0)
-    if args.json or args.timeline:
-        print(dumps(report))
-    else:
-        print(format_summary(report))
+    _emit(dumps(report) if args.json or args.timeline else format_summary(report))
     return 0
 
 
@@ -142,8 +149,5 @@ def _run_trace(args: argparse.Namespace) -> int:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         return _fail(f"{msg}" if not isinstance(e, KeyError) else f"missing column {msg!r}")
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_trace_report(report))
+    _emit(json.dumps(report, indent=2) if args.json else format_trace_report(report))
     return 0
