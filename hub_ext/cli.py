@@ -89,6 +89,32 @@ def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> bool:
     return False
 
 
+def _stop_stray_proxy(cwd: Path) -> None:
+    """JupyterHub leaves its proxy running when it dies at start-up (e.g. a service fails): stop the
+    proxy named in its pid file, if that process is still a configurable-http-proxy."""
+    pid_file = cwd / "jupyterhub-proxy.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return
+    if PROXY not in cmdline:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            time.sleep(0.1)
+            os.kill(pid, 0)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        pid_file.unlink()
+    except OSError:
+        pass
+
+
 def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str | None) -> int:
     proc = subprocess.Popen(cmd, cwd=str(cwd), env=env)
     stopping = {"signal": None}
@@ -120,6 +146,7 @@ def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str 
                 proc.wait()
         for s, h in old.items():
             signal.signal(s, h)
+        _stop_stray_proxy(cwd)
     if stopping["signal"] is not None:
         print("gpupool hub: stopped", file=sys.stderr)
         return 0

@@ -128,7 +128,8 @@ c.Spawner.default_url = "/lab"
 c.LocalGPUSpawner.home_root = os.path.join(ROOT, "homes")
 c.LocalGPUSpawner.home_skeleton = os.path.join(ROOT, "skel")
 c.LocalGPUSpawner.admission_timeout = {opts.admission_timeout!r}
-c.JupyterHub.slow_spawn_timeout = 1  # show the spawn page (queue position) after 1 s
+# show the spawn page with its progress (the queue position) after 1 s instead of 10
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 1}}
 
 # -- the gpupool service: queues and GPUs --------------------------------------------------------
 c.GPUPool.port = {opts.service_port}

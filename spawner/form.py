@@ -71,7 +71,7 @@ class GPURequest:
 
 
 def _fraction_label(f: float) -> str:
-    return {0.25: "¼", 0.5: "½", 0.75: "¾"}.get(f, f"{f:g}")
+    return {0.25: "a quarter", 0.5: "half", 0.75: "three quarters"}.get(f, f"{f:g}")
 
 
 def _choices_text(fractions: Sequence[float], max_gpus: int) -> str:
@@ -205,7 +205,7 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
     e = html.escape
     cur_gpus = str(d.get("gpus", "0"))
     gpu_opts = [("0", "No GPU (CPU only)")]
-    gpu_opts += [(f"{f:g}", f"{_fraction_label(f)} of a GPU (shared)") for f in fractions]
+    gpu_opts += [(f"{f:g}", f"{f:g} GPU ({_fraction_label(f)} of one, shared)") for f in fractions]
     gpu_opts += [(str(n), f"{n} GPU" + ("s" if n > 1 else "")) for n in range(1, max_gpus + 1)]
     try:
         cur = f"{float(cur_gpus):g}"

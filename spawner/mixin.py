@@ -48,6 +48,14 @@ def _human_duration(seconds: float) -> str:
     return f"{seconds:.0f} seconds" if seconds >= 2 else f"{seconds:.1f} seconds"
 
 
+def _spawn_error(message: str, *, reason: str, status_code: int = 400) -> SpawnException:
+    """A SpawnException whose text is exactly ``message`` wherever JupyterHub shows it (the spawn
+    page, the progress stream, the REST API), without the class name and status in front."""
+    e = SpawnException(message, reason=reason, status_code=status_code)
+    e.jupyterhub_message = message
+    return e
+
+
 class GPUPoolError(Exception):
     """A call to the gpupool service failed; ``status`` is the HTTP status (0: not reachable)."""
 
@@ -225,11 +233,24 @@ class GPUPoolSpawnerMixin(Spawner):
         return path
 
     # ---- what the user may choose -----------------------------------------------------------
+    def _may_use(self, queue: dict) -> bool:
+        """The service's access rule for this user. The spawner asks with its own (admin) token, so
+        the service's ``may_submit`` says only whether the queue takes submissions at all (a leaf);
+        who may use it comes from its ``users`` / ``groups``: hub admins every queue, a queue with
+        neither list everyone."""
+        if not queue.get("may_submit"):
+            return False
+        users, groups = queue.get("users") or [], queue.get("groups") or []
+        if getattr(self.user, "admin", False) or (not users and not groups):
+            return True
+        mine = {getattr(g, "name", g) for g in (getattr(self.user, "groups", None) or [])}
+        return self.user.name in users or bool(mine & set(groups))
+
     async def gpupool_queues(self) -> list[dict]:
         """Queues (``GET queues``) this user may submit to, in the service's order."""
         data = await self._gpupool("GET", "queues", query={"user": self.user.name})
         queues = (data or {}).get("queues", []) if isinstance(data, dict) else []
-        return [q for q in queues if q.get("may_submit")]
+        return [q for q in queues if self._may_use(q)]
 
     async def gpupool_nodes(self) -> list[dict]:
         data = await self._gpupool("GET", "nodes")
@@ -265,7 +286,7 @@ class GPUPoolSpawnerMixin(Spawner):
             nodes = await self.gpupool_nodes()
             queues = [q["name"] for q in await self.gpupool_queues()]
         except GPUPoolError as e:
-            raise SpawnException(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
+            raise _spawn_error(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
                                  reason="gpupool-unavailable", status_code=503) from None
         max_gpus, memory, _ = self._limits_from_nodes(nodes)
         try:
@@ -274,13 +295,14 @@ class GPUPoolSpawnerMixin(Spawner):
                 queues=queues, default_gpus=self.default_gpus, default_preemptible=self.default_preemptible,
                 extra_fields=self.extra_user_options)
         except OptionError as e:
-            raise SpawnException(f"Invalid option {e.field}: {e.message}", reason="invalid-options",
+            raise _spawn_error(f"Invalid option {e.field}: {e.message}", reason="invalid-options",
                                  status_code=400) from None
 
     async def _run_apply_user_options(self, user_options):
         # Validate first (a clean 400 naming the field), then the admin's apply_user_options hook.
         self.gpu_request = await self.validate_gpu_options(user_options or {})
-        return await super()._run_apply_user_options(user_options)
+        if self.apply_user_options:  # (without a hook the base class only warns "unhandled user_options")
+            return await super()._run_apply_user_options(user_options)
 
     # ---- progress -------------------------------------------------------------------------
     def _progress_reset(self) -> None:
@@ -359,9 +381,9 @@ class GPUPoolSpawnerMixin(Spawner):
         except GPUPoolError as e:
             if 400 <= e.status < 500 and e.status not in (401,):
                 field = f"{e.field}: " if e.field else ""
-                raise SpawnException(f"The GPU scheduler refused the request: {field}{e.message}",
+                raise _spawn_error(f"The GPU scheduler refused the request: {field}{e.message}",
                                      reason="gpupool-refused", status_code=e.status) from None
-            raise SpawnException(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
+            raise _spawn_error(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
                                  reason="gpupool-unavailable", status_code=503) from None
         self.gpupool_workspace = path
         while True:
@@ -369,28 +391,28 @@ class GPUPoolSpawnerMixin(Spawner):
             if status == "running":
                 return ws
             if status in ("failed", "cancelled", "rejected", "stopped"):
-                raise SpawnException(f"The GPU scheduler did not admit this server: "
+                raise _spawn_error(f"The GPU scheduler did not admit this server: "
                                      f"{ws.get('reason') or status}", reason="gpupool-" + status)
             reason = ws.get("reason") or ("waiting for the GPU scheduler" if status != "starting"
                                           else "GPUs granted, starting")
             self._progress_push(reason[0].upper() + reason[1:], 10)
             waited = time.monotonic() - started
             if waited >= limit:
-                raise SpawnException(self._timeout_message(ws, waited), reason="gpupool-admission-timeout",
+                raise _spawn_error(self._timeout_message(ws, waited), reason="gpupool-admission-timeout",
                                      status_code=503)
             await asyncio.sleep(min(self.admission_poll_interval, max(limit - waited, 0.01)))
             try:
                 ws = await self._gpupool("GET", path)
             except GPUPoolError as e:
                 if e.status == 404:
-                    raise SpawnException("The workspace request was withdrawn while it waited "
+                    raise _spawn_error("The workspace request was withdrawn while it waited "
                                          "(an admin cancelled it, or the scheduler restarted). Please start again.",
                                          reason="gpupool-withdrawn") from None
                 if e.status == 0 or e.status >= 500:  # transient: keep waiting, say so
                     self.log.warning("gpupool: polling %s failed: %s", path, e.message)
                     ws = {**ws, "reason": "the GPU scheduler is not answering; still waiting"}
                     continue
-                raise SpawnException(f"The GPU scheduler refused the request: {e.message}",
+                raise _spawn_error(f"The GPU scheduler refused the request: {e.message}",
                                      reason="gpupool-refused", status_code=e.status) from None
             if isinstance(ws, dict) and isinstance(ws.get("workspaces"), list):  # list form of the answer
                 ws = next((w for w in ws["workspaces"] if w.get("server", "") == self.name), {})
@@ -432,7 +454,10 @@ class GPUPoolSpawnerMixin(Spawner):
         return env
 
     # ---- lifecycle ------------------------------------------------------------------------
+    _starting = False  # True while start() runs (poll() must not release a workspace being admitted)
+
     async def start(self):
+        self._starting = True
         self._progress_reset()
         if self.gpu_request is None:  # a hub older than 5.3 does not call _run_apply_user_options
             self.gpu_request = await self.validate_gpu_options(self.user_options or {})
@@ -457,6 +482,7 @@ class GPUPoolSpawnerMixin(Spawner):
             raise
         finally:
             self.gpu_request = None
+            self._starting = False
 
     async def stop(self, now=False):
         try:
@@ -466,7 +492,7 @@ class GPUPoolSpawnerMixin(Spawner):
 
     async def poll(self):
         status = await super().poll()
-        if status is not None and self.gpupool_workspace:
+        if status is not None and self.gpupool_workspace and not self._starting:
             await self.release()  # the server died: free its GPUs now
         return status
 

@@ -95,3 +95,253 @@ def test_render_form():
     assert " checked" in html and "24Gi (A10)" in html and "Ask #gpu" in html
     empty = render_form(queues=[], max_gpus=1)
     assert "You may not use any GPU queue" in empty and 'name="queue"' not in empty
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 2: a real hub
+# ---------------------------------------------------------------------------------------------
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
+# A lean single-user server: the Jupyter server without the lab/notebook UIs (they only slow start-up).
+LEAN = ("jupyterlab", "notebook", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from hub_harness import Hub
+
+    tmp = tmp_path_factory.mktemp("spawner")
+    extra = f"""
+c.JupyterHub.spawner_class = "gpupool.spawner.LocalGPUSpawner"
+c.LocalGPUSpawner.home_root = {str(tmp / 'home')!r}
+c.Spawner.cmd = [{SINGLEUSER!r}]
+c.Spawner.args = {[f"--ServerApp.jpserver_extensions={k}=False" for k in LEAN]!r}
+c.Spawner.default_url = "/api/status"
+c.Spawner.http_timeout = 60
+c.LocalGPUSpawner.admission_poll_interval = 0.2
+c.LocalGPUSpawner.admission_timeout = 60
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
+c.Spawner.group_overrides = {{"impatient": {{"groups": ["impatient"],
+                                             "spawner_override": {{"admission_timeout": 2}}}}}}
+"""
+    gp = {"nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi", "gpu_model": "L4"}],
+          "queues": [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice", "dave"], "groups": ["impatient"]},
+                     {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]}]}
+    with Hub(tmp, gpupool=gp, users=["alice", "bob", "dave", "erin"], admins=["admin"],
+             groups={"impatient": ["erin"]}, extra_config=extra) as h:
+        yield h
+
+
+def _server(hub, user):
+    r = hub.hub_api("GET", f"users/{user}", hub.admin_token)
+    assert r.status_code == 200, r.text
+    return r.json()["servers"].get("")
+
+
+def _start(hub, user, options, expect=(201, 202)):
+    r = hub.hub_api("POST", f"users/{user}/server", hub.admin_token, json=options)
+    assert r.status_code in expect, f"{r.text}\n{hub.hub_log()[-6000:]}"
+    return r
+
+
+def _wait_ready(hub, user, timeout=60):
+    def ready():
+        s = _server(hub, user)
+        return s if s and s.get("ready") else None
+    try:
+        return hub.wait_for(ready, timeout, 0.3)
+    except AssertionError:
+        raise AssertionError(f"{user}'s server not ready: {_server(hub, user)}\n{hub.hub_log()[-4000:]}") from None
+
+
+def _stop(hub, user):
+    r = hub.hub_api("DELETE", f"users/{user}/server", hub.admin_token)
+    assert r.status_code in (202, 204, 400), r.text
+    hub.wait_for(lambda: _server(hub, user) is None, 30, 0.3, message=f"{user}'s server did not stop")
+
+
+def _server_env(hub, user) -> dict:
+    """The environment of the user's running jupyterhub-singleuser process (read from /proc)."""
+    api = f"JUPYTERHUB_API_URL={hub.hub_api_url}".encode()
+    who = f"JUPYTERHUB_USER={user}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if b"jupyterhub-singleuser" in cmd and api in env.split(b"\0") and who in env.split(b"\0"):
+            return dict(kv.split("=", 1) for kv in env.decode().split("\0") if "=" in kv)
+    raise AssertionError(f"no server process for {user}")
+
+
+def _workspace(hub, user):
+    r = hub.api("GET", f"workspaces/{user}", hub.service_token)
+    return r.json() if r.status_code == 200 else None
+
+
+def _progress_events(hub, user, until, timeout=30):
+    """Read the spawn progress event stream until ``until(events)`` is true or it ends."""
+    import requests
+
+    events = []
+    deadline = time.monotonic() + timeout
+    with requests.get(f"{hub.hub_api_url}/users/{user}/server/progress", stream=True, timeout=timeout,
+                      headers={"Authorization": f"token {hub.admin_token}"}) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+                if until(events):
+                    break
+            if time.monotonic() > deadline:
+                break
+    return events
+
+
+@pytest.mark.hub
+def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
+    _start(hub, "alice", {"gpus": 0.5})
+    _start(hub, "bob", {"gpus": 1, "queue": "nlp"})
+    _wait_ready(hub, "alice")
+    _wait_ready(hub, "bob")
+    a_env, b_env = _server_env(hub, "alice"), _server_env(hub, "bob")
+    a_ws, b_ws = _workspace(hub, "alice"), _workspace(hub, "bob")
+    assert a_ws["status"] == "running" and a_ws["queue"] == "vision" and a_ws["preemptible"] is False
+    [a_alloc] = a_ws["allocation"]
+    [b_alloc] = b_ws["allocation"]
+    assert a_alloc["fraction"] == 0.5 and len(a_alloc["gpus"]) == 1
+    assert b_alloc["fraction"] == 1.0 and len(b_alloc["gpus"]) == 1
+    assert a_env["CUDA_VISIBLE_DEVICES"] == str(a_alloc["gpus"][0])
+    assert b_env["CUDA_VISIBLE_DEVICES"] == str(b_alloc["gpus"][0])
+    assert a_env["CUDA_VISIBLE_DEVICES"] != b_env["CUDA_VISIBLE_DEVICES"]
+    assert float(a_env["GPUPOOL_GPU_FRACTION"]) == 0.5
+    assert a_env["HOME"].endswith("/home/alice") and os.path.isdir(a_env["HOME"])
+    # the hub remembers what was asked for
+    assert _server(hub, "alice")["user_options"] == {"gpus": 0.5}
+
+    # stopping frees the GPUs at once: by the time the hub answers, the workspace is gone
+    r = hub.hub_api("DELETE", "users/alice/server", hub.admin_token)
+    assert r.status_code in (202, 204)
+    if r.status_code == 202:
+        hub.wait_for(lambda: _server(hub, "alice") is None, 30, 0.2)
+    assert _workspace(hub, "alice") is None
+    gpus = {g["index"]: g for g in hub.api("GET", "nodes", hub.service_token).json()["nodes"][0]["gpus"]}
+    assert gpus[a_alloc["gpus"][0]]["allocated"] == 0
+    _stop(hub, "bob")
+    assert _workspace(hub, "bob") is None
+
+
+@pytest.mark.hub
+def test_cpu_only_server_skips_the_queue_and_sees_no_gpu(hub):
+    _start(hub, "alice", {"gpus": 0})
+    _wait_ready(hub, "alice")
+    assert _server_env(hub, "alice")["CUDA_VISIBLE_DEVICES"] == ""
+    assert _workspace(hub, "alice") is None
+    _stop(hub, "alice")
+
+
+@pytest.mark.hub
+def test_over_quota_waits_in_queue_with_its_position_then_starts(hub):
+    _start(hub, "alice", {"gpus": 1})  # vision's whole deserved quota
+    _wait_ready(hub, "alice")
+    # dave (also vision) asks for a non-preemptible GPU: it must wait for alice's
+    r = _start(hub, "dave", {"gpus": 1}, expect=(202,))
+    events = _progress_events(hub, "dave", lambda ev: any("position" in (e.get("message") or "") for e in ev))
+    text = " | ".join(e.get("message", "") for e in events)
+    assert "queued in vision" in text.lower() and "position 1" in text, text
+    ws = _workspace(hub, "dave")
+    assert ws["status"] == "queued" and ws["position"] == 1, ws
+    assert _server(hub, "dave")["pending"] == "spawn"
+    # alice stops: dave's server starts on the freed GPU
+    _stop(hub, "alice")
+    _wait_ready(hub, "dave")
+    assert _workspace(hub, "dave")["status"] == "running"
+    assert _server_env(hub, "dave")["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    _stop(hub, "dave")
+
+
+@pytest.mark.hub
+def test_admission_timeout_fails_cleanly_and_withdraws(hub):
+    _start(hub, "alice", {"gpus": 1})
+    _wait_ready(hub, "alice")
+    _start(hub, "erin", {"gpus": 1}, expect=(202,))  # erin's group has admission_timeout = 2 s
+    events = _progress_events(hub, "erin", lambda ev: any(e.get("failed") for e in ev), timeout=40)
+    failed = [e for e in events if e.get("failed")]
+    assert failed, events
+    msg = failed[-1]["message"]
+    assert msg.startswith("Spawn failed: Still queued in vision after 2"), msg
+    assert "position 1" in msg and "Try a smaller request or ask your admin." in msg, msg
+    hub.wait_for(lambda: _server(hub, "erin") is None or not _server(hub, "erin").get("pending"), 10)
+    assert _workspace(hub, "erin") is None  # the queued request was withdrawn
+    assert "Traceback" not in hub.hub_log().split("erin")[-1][:2000]
+    _stop(hub, "alice")
+
+
+@pytest.mark.hub
+@pytest.mark.parametrize("options, words", [
+    ({"gpus": 0.3}, "gpus: 0.3 is not offered"),
+    ({"gpus": 3}, "gpus: 3 is more than a workspace may use (at most 2)"),
+    ({"gpus": 1, "queue": "nlp"}, "queue: you may not use queue 'nlp' (yours: vision)"),
+    ({"gpu_memory": "1Ti"}, "gpu_memory: 1Ti is more than one GPU has (24Gi)"),
+    ({"gpus": 1, "colour": "red"}, "colour: unknown option"),
+])
+def test_bad_user_options_are_400_with_the_reason(hub, options, words):
+    r = hub.hub_api("POST", "users/alice/server", hub.admin_token, json=options)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["message"], r.json()
+    assert _workspace(hub, "alice") is None
+    hub.wait_for(lambda: _server(hub, "alice") is None, 10)
+
+
+@pytest.mark.hub
+def test_options_form_lists_the_users_queues(hub):
+    import requests
+
+    def page(user):
+        s = requests.Session()
+        s.get(hub.hub_url + "hub/login")
+        xsrf = s.cookies.get("_xsrf", path="/hub/")
+        r = s.post(hub.hub_url + "hub/login", data={"username": user, "password": "x", "_xsrf": xsrf})
+        assert r.status_code == 200, r.text[:500]
+        r = s.get(hub.hub_url + "hub/spawn")
+        assert r.status_code == 200
+        return r.text
+
+    alice = page("alice")
+    assert 'name="gpus"' in alice and 'value="0.25"' in alice and 'value="2"' in alice and 'value="3"' not in alice
+    assert 'option value="vision"' in alice and 'option value="nlp"' not in alice
+    assert "each GPU has 24Gi (L4)" in alice and 'name="preemptible"' in alice
+    admin = page("admin")  # hub admins may use every queue
+    assert 'option value="vision"' in admin and 'option value="nlp"' in admin
+
+
+@pytest.mark.hub
+def test_form_submission_starts_a_preemptible_fraction(hub):
+    import requests
+
+    s = requests.Session()
+    s.get(hub.hub_url + "hub/login")
+    xsrf = s.cookies.get("_xsrf", path="/hub/")
+    s.post(hub.hub_url + "hub/login", data={"username": "bob", "password": "x", "_xsrf": xsrf})
+    s.get(hub.hub_url + "hub/spawn")
+    xsrf = s.cookies.get("_xsrf", path="/hub/")  # the logged-in session's token
+    r = s.post(hub.hub_url + "hub/spawn", data={"gpus": "0.25", "queue": "nlp", "preemptible": "on",
+                                                 "gpu_memory": "", "_xsrf": xsrf}, allow_redirects=False)
+    assert r.status_code == 302, r.text[:500]
+    _wait_ready(hub, "bob")
+    ws = _workspace(hub, "bob")
+    assert ws["preemptible"] is True and ws["allocation"][0]["fraction"] == 0.25
+    assert _server(hub, "bob")["user_options"] == {"gpus": "0.25", "queue": "nlp", "preemptible": True}
+    _stop(hub, "bob")

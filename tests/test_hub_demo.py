@@ -1,0 +1,144 @@
+"""`gpupool hub --demo`: the one-command embedded hub comes up, answers, and stops cleanly."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+
+
+def _free_block(n: int = 4, lo: int = 18700, hi: int = 18990) -> int:
+    """A base port with ``n`` consecutive free ports (the demo uses port .. port+3)."""
+    for base in range(lo + (os.getpid() % 50) * 4, hi, 4):
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def _children(pid: int) -> set[int]:
+    """All descendants of ``pid`` (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for c in parents.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_cli_errors_are_messages(tmp_path):
+    res = subprocess.run([GPUPOOL, "hub"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2 and "give --demo" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([GPUPOOL, "hub", "--config", "nope.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2 and "nope.py does not exist" in res.stderr
+    res = subprocess.run([GPUPOOL, "hub", "--demo", "--gpus", "real"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert res.returncode == 2 and "NVML finds no GPU" in res.stderr  # this machine has none
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_demo_hub_comes_up_and_stops(tmp_path):
+    port = _free_block()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "hub.log", "w+")
+    proc = subprocess.Popen([GPUPOOL, "hub", "--demo", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    descendants: set[int] = set()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            descendants |= _children(proc.pid)
+            try:
+                with urllib.request.urlopen(f"{base}/hub/login", timeout=3) as r:
+                    status = r.status
+                    page = r.read().decode()
+                if status == 200:
+                    break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        log.seek(0)
+        out = log.read()
+        assert status == 200, out[-3000:]
+        assert 'name="password"' in page  # the dummy authenticator's login form
+        # the banner names the URL and the logins
+        deadline = time.monotonic() + 20
+        while "demo hub is up" not in out and time.monotonic() < deadline:
+            time.sleep(0.3)
+            log.seek(0)
+            out = log.read()
+        assert f"http://127.0.0.1:{port}/" in out and "password: gpupool" in out and "carol" in out
+        # log in as alice with the documented password: the hub redirects to her spawn page
+        data = "username=alice&password=gpupool".encode()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with opener.open(urllib.request.Request(f"{base}/hub/login", data=data), timeout=30) as r:
+            assert r.status == 200
+        # the demo's files are where the docs say, with the example notebook in every home
+        demo = tmp_path / ".gpupool-demo"
+        assert (demo / "jupyterhub_config.py").is_file()
+        for user in ("alice", "bob", "carol"):
+            nb = json.loads((demo / "homes" / user / "demo.ipynb").read_text())
+            assert nb["nbformat"] == 4
+        # the gpupool service answers through the proxy
+        with urllib.request.urlopen(f"{base}/services/gpupool/api/v1/health", timeout=10) as r:
+            assert json.loads(r.read())["ok"] is True
+        descendants |= _children(proc.pid)
+        assert descendants, "the hub runs as a child process"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # what Ctrl-C does
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = "killed"
+        time.sleep(0.5)
+        leftovers = [p for p in descendants if _alive(p)]
+        for p in leftovers:
+            os.kill(p, signal.SIGKILL)
+        log.seek(0)
+        tail = log.read()[-3000:]
+        log.close()
+    assert rc == 0, tail
+    assert not leftovers, f"processes left running: {leftovers}\n{tail}"
