@@ -1,6 +1,8 @@
 """HPO sweeps: space helpers and parsing (pure), and real sweeps of notebook jobs through the hub."""
 from __future__ import annotations
 
+import time
+
 import optuna
 import pytest
 
@@ -53,3 +55,93 @@ def test_trial_table_without_pandas():
                                                      {"number": 1, "state": "pruned", "value": None}])
     assert len(t) == 2 and t["state"] == ["complete", "pruned"] and t.to_records()[0]["value"] == 0.5
     assert repr(t).splitlines()[0].split() == ["number", "state", "value"] and "<table>" in t._repr_html_()
+
+
+# -- real sweeps through the hub -----------------------------------------------------------------
+from test_client import shared_hub  # noqa: E402
+from gpupool.client import api  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hub(request, tmp_path_factory):
+    return shared_hub(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def alice(hub):
+    return api.Client(hub.hub_url, hub.token("alice"))
+
+
+def _service_jobs(alice, name):
+    return alice.jobs(sweep=name)
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_sweep_finds_the_optimum_and_resumes_after_a_restart(alice, tmp_path):
+    """4 trials, 2 at a time; the driver is stopped mid-way (as a kernel restart would) and a new
+    sweep(name=...) reattaches to the running jobs instead of resubmitting them."""
+    storage = tmp_path / "sweeps.db"
+    kw = dict(space={"x": gpupool.choice(0.0, 1.0, 2.5, 3.0, 4.0, 6.0)}, objective="score", direction="maximize",
+              trials=4, parallel=2, gpus=0.25, sampler="random", seed=7, pruner=None, name="resume-me",
+              storage=storage, parameters={"steps": 2, "pause": 2.0, "slow_below": 100}, poll=0.5, client=alice)
+    first = gpupool.sweep("quad.ipynb", **kw)
+    deadline = time.time() + 60
+    while len(first._active) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    first.stop()  # detach: the jobs keep running
+    assert first.status == "stopped" and not first._thread.is_alive()
+    running = {t.number: t.user_attrs["job_id"] for t in first.study.get_trials(deepcopy=False)}
+    assert len(running) == 2
+
+    second = gpupool.sweep("quad.ipynb", **kw)
+    assert second.resumed and {n: j for n, (_t, j) in second._active.items()} == running
+    second.wait(timeout=240, progress=False)
+    assert second.status == "finished", second.error
+
+    jobs = _service_jobs(alice, "resume-me")
+    assert len(jobs) == 4  # nothing was submitted twice
+    assert {j["kind"] for j in jobs} == {"hpo-trial"} and {j["name"] for j in jobs} == {f"resume-me-t{i}" for i in range(4)}
+    table = second.trials
+    records = table.to_records() if hasattr(table, "to_records") and not hasattr(table, "iloc") else table.to_dict("records")
+    assert len(records) == 4 and all(r["state"] == "complete" for r in records), records
+    for r in records:  # each trial's value is what its notebook computed from its injected parameter
+        assert r["value"] == pytest.approx(10 - (r["params_x"] - 3) ** 2)
+    best = second.best
+    assert best.value == max(r["value"] for r in records)
+    assert best.value == pytest.approx(10 - (best.params["x"] - 3) ** 2)
+    assert best.job.status == "succeeded" and best.job.metrics["score"][-1][1] == pytest.approx(best.value)
+    assert best.job.data["parameters"]["x"] == best.params["x"]
+    summary = second.summary()
+    assert summary["done"] == 4 and summary["best"]["value"] == best.value
+    assert all(t["curve"] for t in summary["trials"])
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_pruner_cancels_a_trial_that_falls_behind(alice, tmp_path):
+    """Trial 0 (x=3) completes; trial 1 (x=0.5) logs a worse first step and sleeps between steps:
+    the median pruner stops it and its job is cancelled long before it would have finished."""
+    s = gpupool.sweep("quad.ipynb", space={"x": gpupool.uniform(0.0, 6.0)}, objective="score", trials=2,
+                      parallel=1, gpus=0.25, pruner=optuna.pruners.MedianPruner(n_startup_trials=1),
+                      initial=[{"x": 3.0}, {"x": 0.5}], parameters={"steps": 8, "pause": 20.0, "slow_below": 1.0},
+                      name="prune-me", storage=tmp_path / "s.db", poll=0.5, client=alice)
+    s.wait(timeout=200, progress=False)
+    trials = s.study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED]
+    assert trials[1].params == {"x": 0.5} and "pruned at step 0" in trials[1].user_attrs["reason"]
+    job = alice.job(trials[1].user_attrs["job_id"])
+    assert job["status"] == "cancelled"
+    assert s.best.params == {"x": 3.0} and s.best.value == pytest.approx(10.0)
+
+
+@pytest.mark.hub
+def test_a_refused_submission_stops_the_sweep_with_the_service_reason(alice, tmp_path):
+    s = gpupool.sweep("quad.ipynb", space={"x": [1, 2]}, objective="score", queue="nope", name="refused",
+                      storage=tmp_path / "s.db", poll=0.2, client=alice)
+    with pytest.raises(sw.SweepError, match="queue: unknown queue 'nope'"):
+        s.wait(timeout=60, progress=False)
+    assert s.status == "failed" and "nope" in s.error
+    with pytest.raises(sw.SweepError, match="already exists .* choose another name"):
+        gpupool.sweep("tiny.ipynb", space={"x": [1, 2]}, objective="score", name="refused",
+                      storage=tmp_path / "s.db", client=alice)

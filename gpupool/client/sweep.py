@@ -389,6 +389,8 @@ class Sweep:
             frozen = self.study.get_trials(deepcopy=True)
         rows = []
         for t in frozen:
+            if t.state.name == "WAITING":
+                continue
             job = self._jobs.get(t.number, {})
             row = {"number": t.number, "state": t.state.name.lower(), "value": t.value}
             row.update({f"params_{k}": v for k, v in t.params.items()})
@@ -414,6 +416,8 @@ class Sweep:
         counts = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
         trials = []
         for t in frozen:
+            if t.state == optuna.trial.TrialState.WAITING:
+                continue
             state = {optuna.trial.TrialState.COMPLETE: "complete", optuna.trial.TrialState.PRUNED: "pruned",
                      optuna.trial.TrialState.FAIL: "failed"}.get(t.state, "running")
             counts[state] += 1
@@ -510,8 +514,10 @@ class Sweep:
             logging.getLogger("gpupool.sweep").debug("sweep %s driver crashed", self.name, exc_info=True)
 
     def _n_trials(self) -> int:
+        """Trials asked so far (enqueued ``initial`` ones waiting for their turn do not count)."""
+        import optuna
         with self._lock:
-            return len(self.study.get_trials(deepcopy=False))
+            return sum(1 for t in self.study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING)
 
     def _fill(self) -> None:
         while (not self._stop.is_set() and not self.error and len(self._active) < self.parallel
