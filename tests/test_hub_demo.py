@@ -109,10 +109,17 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
             out = log.read()
         assert f"http://127.0.0.1:{port}/" in out and "password: gpupool" in out and "carol" in out
         # log in as alice with the documented password: the hub redirects to her spawn page
-        data = "username=alice&password=gpupool".encode()
-        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
-        with opener.open(urllib.request.Request(f"{base}/hub/login", data=data), timeout=30) as r:
-            assert r.status == 200
+        import requests
+
+        with requests.Session() as s:
+            s.get(f"{base}/hub/login", timeout=30)
+            xsrf = s.cookies.get("_xsrf", path="/hub/")
+            bad = s.post(f"{base}/hub/login", data={"username": "alice", "password": "wrong", "_xsrf": xsrf})
+            assert "Invalid username or password" in bad.text
+            r = s.post(f"{base}/hub/login", data={"username": "alice", "password": "gpupool", "_xsrf": xsrf},
+                       timeout=30)
+            assert r.status_code == 200 and r.url.endswith("/hub/spawn"), r.url
+            assert 'name="gpus"' in r.text and 'option value="vision"' in r.text  # the GPU options form
         # the demo's files are where the docs say, with the example notebook in every home
         demo = tmp_path / ".gpupool-demo"
         assert (demo / "jupyterhub_config.py").is_file()
