@@ -104,3 +104,109 @@ def test_refresher_survives_errors_and_reports_them():
         time.sleep(0.02)
     r.stop()
     assert errors and "hub down" in str(errors[0]) and not r.running
+
+
+# -- views built from the real service -----------------------------------------------------------
+from test_client import shared_hub  # noqa: E402
+
+import gpupool  # noqa: E402
+from gpupool.client import api  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hub(request, tmp_path_factory):
+    return shared_hub(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def alice(hub):
+    return api.Client(hub.hub_url, hub.token("alice"))
+
+
+@pytest.fixture(scope="module")
+def running_job(hub, alice):
+    job = gpupool.submit("sleepy.ipynb", gpus=0.5, queue="vision", client=alice)
+    hub.wait_job(alice.token, job.id, {"running"}, timeout=60)
+    yield job.refresh()
+    job.cancel()
+
+
+def _threads():
+    return {t.name for t in threading.enumerate() if t.name.startswith("gpupool-")}
+
+
+@pytest.mark.hub
+def test_views_show_the_services_data_and_stop_on_close(alice, running_job):
+    before = _threads()
+    q = gpupool.QueueView(client=alice, user="alice", interval=0.2)
+    g = gpupool.GPUView(client=alice, user="alice", interval=0.2)
+    j = gpupool.JobView(running_job, interval=0.2)
+    try:
+        # drawn at once, from the service's data
+        assert 'data-queue="vision"' in q.html.value and 'data-queue="nlp"' in q.html.value
+        assert 'data-own="vision"' in q.html.value and "you: 1 running" in q.html.value
+        node, gpu = running_job.allocation[0]["node"], running_job.allocation[0]["gpus"][0]
+        row = re.search(rf'<tr class="gpupool-gpu" data-node="{node}" data-gpu="{gpu}">.*?</tr>', g.html.value).group(0)
+        assert (f'data-workload="{running_job.id}" data-user="alice" data-fraction="0.5" data-own="true"' in row
+                and "width:50.0%" in row)
+        assert g.html.value.count('class="gpupool-gpu-bar"') == 3
+        assert f'data-job="{running_job.id}"' in j.html.value and 'data-status="running"' in j.html.value
+        state = q.html.get_state()  # what the front end receives
+        assert "vision" in state["value"]
+        # live: each refresher keeps polling in its own thread
+        assert {q.refresher.name, g.refresher.name, j.refresher.name} <= _threads()
+        stamp = q.status_line.value
+        deadline = time.time() + 10
+        while q.status_line.value == stamp and time.time() < deadline:
+            time.sleep(0.1)
+        assert q.status_line.value != stamp or "updated" in q.status_line.value
+    finally:
+        for v in (q, g, j):
+            v.close()
+    assert not (q.refresher.running or g.refresher.running or j.refresher.running)
+    assert _threads() <= before
+
+
+@pytest.mark.hub
+def test_job_view_stops_refreshing_when_the_job_ends_and_dashboard_closes(alice, hub):
+    job = gpupool.submit("sleepy.ipynb", gpus=0.25, parameters={"seconds": 300}, client=alice)
+    view = gpupool.JobView(job, interval=0.2)
+    try:
+        view._cancel()  # the Cancel button's action
+        hub.wait_for(lambda: not view.refresher.running, 60, message="JobView kept refreshing a finished job")
+        assert 'data-status="cancelled"' in view.html.value and view.cancel_button.disabled
+    finally:
+        view.close()
+    d = gpupool.dashboard(client=alice, user="alice", interval=0.2)
+    d2 = None
+    try:
+        assert "vision" in d.queues.html.value and "box2" in d.gpus.html.value and job.id in d.jobs.html.value
+        assert d.refresher.running
+        d2 = gpupool.dashboard(client=alice, interval=0.2)  # re-running the cell freezes the older one
+        hub.wait_for(lambda: not d.refresher.running, 10)
+        assert "replaced" in d.status_line.value and d2.refresher.running
+    finally:
+        d.close()
+        if d2 is not None:
+            d2.close()
+    assert not d2.refresher.running and d2.refresher.name not in _threads()
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_sweep_view(alice, tmp_path):
+    s = gpupool.sweep("quad.ipynb", space={"x": [2.0, 3.0]}, objective="score", trials=2, parallel=2, gpus=0.25,
+                      sampler="grid", parameters={"steps": 2}, name="view-me", storage=tmp_path / "s.db", poll=0.3,
+                      client=alice)
+    v = gpupool.SweepView(s, interval=0.3)
+    try:
+        assert 'data-sweep="view-me"' in v.html.value and 'data-total="2"' in v.html.value
+        s.wait(timeout=180, progress=False)
+        deadline = time.time() + 20
+        while v.refresher.running and time.time() < deadline:
+            time.sleep(0.1)
+        assert not v.refresher.running  # stops by itself once the sweep is done
+        assert 'data-done="2" data-total="2"' in v.html.value and "score = 10" in v.html.value
+        assert v.html.value.count("<polyline") == 2 and v.stop_button.disabled
+    finally:
+        v.close()
