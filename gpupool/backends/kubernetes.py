@@ -71,6 +71,8 @@ class GPUPoolKubernetes(LoggingConfigurable):
     zone_label = Unicode("topology.kubernetes.io/zone", help="Node label copied to the inventory as ``zone``.").tag(config=True)
     rack_label = Unicode("topology.gpupool.io/rack", help="""Node label copied to the inventory as
         ``rack`` (the scheduler's default topology key for gangs).""").tag(config=True)
+    count_foreign_pods = Bool(True, help="""Subtract GPUs (and CPU/memory) held by pods gpupool does not
+        manage. Needs cluster-wide read access to pods; False: only nodes are read.""").tag(config=True)
     track_cpu_memory = Bool(True, help="""Track CPU and memory too: allocatable minus the requests of
         pods gpupool does not manage. False: only GPUs are tracked.""").tag(config=True)
     watch_timeout = Integer(300, help="Seconds before a watch is renewed (the API server's timeoutSeconds).").tag(config=True)
@@ -412,11 +414,12 @@ class KubeInventory:
         core = CoreV1Api(self.api_client)
         self._nodes = ListWatch("nodes", core.list_node, log=self.log, timeout=self.settings.watch_timeout,
                                 on_change=self._on_change, label_selector=self.settings.node_selector)
-        self._pods = ListWatch("pods", core.list_pod_for_all_namespaces, log=self.log,
-                               timeout=self.settings.watch_timeout, on_change=self._on_change,
-                               field_selector="status.phase!=Succeeded,status.phase!=Failed")
         await self._nodes.start()
-        await self._pods.start()
+        if self.settings.count_foreign_pods:
+            self._pods = ListWatch("pods", core.list_pod_for_all_namespaces, log=self.log,
+                                   timeout=self.settings.watch_timeout, on_change=self._on_change,
+                                   field_selector="status.phase!=Succeeded,status.phase!=Failed")
+            await self._pods.start()
 
     async def stop(self) -> None:
         for w in (self._nodes, self._pods):

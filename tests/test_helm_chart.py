@@ -1,0 +1,187 @@
+"""The Helm chart helm/gpupool: rendered with Helm's own library (helm-python-sdk bundles Helm v4),
+every manifest validated against the official Kubernetes 1.32 schemas, values.schema.json
+enforced, lint clean, and the rendered jupyterhub_config.py executed to check it configures the
+hub, the gpupool service and the Kubernetes backend as the values say."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from traitlets.config.loader import PyFileConfigLoader
+
+from gpupool.backends.kubernetes import load_settings
+
+CHART = Path(__file__).resolve().parents[1] / "helm" / "gpupool"
+CI = sorted(p.stem.replace("-values", "") for p in (CHART / "ci").glob("*-values.yaml"))
+K8S = "1.32.0"
+
+
+def values(name: str) -> dict:
+    return yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text()) or {}
+
+
+@pytest.fixture(scope="module")
+def chart():
+    return helm.Chart.load(str(CHART))
+
+
+def render(chart, vals: dict, namespace: str = "jhub") -> list[dict]:
+    out = chart.render(vals, name="lab", namespace=namespace, is_install=True)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc.setdefault("metadata", {}).setdefault("namespace", namespace) if doc["kind"] not in (
+                    "ClusterRole", "ClusterRoleBinding") else None
+                docs.append(doc)
+    return docs
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_ci_values_cover_the_main_configurations():
+    assert CI == ["declared-inventory", "default", "postgres"]
+
+
+@pytest.mark.parametrize("name", CI)
+def test_every_rendered_manifest_is_valid_kubernetes(chart, name):
+    docs = render(chart, values(name))
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "Secret", "ServiceAccount", "Role", "RoleBinding"} <= kinds
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+@pytest.mark.parametrize("name", CI)
+def test_lint_is_clean(name):
+    report = helm.lint(str(CHART), values(name), strict=True, namespace="jhub", kube_version="v1.32.0")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+def test_notes_tell_how_to_log_in(chart):
+    notes = chart.render(values("default"), name="lab", namespace="jhub", is_install=True)["gpupool/templates/NOTES.txt"]
+    assert "kubectl -n jhub get service lab-gpupool-proxy-public" in notes
+    assert 'The authenticator is "dummy"' in notes
+    notes = chart.render(values("postgres"), name="lab", namespace="jhub", is_install=True)["gpupool/templates/NOTES.txt"]
+    assert "<any node IP>:<node port>" in notes and "admins: alice" in notes
+
+
+def test_rbac_is_least_privilege(chart):
+    docs = render(chart, values("default"))
+    role = by_kind(docs, "Role")[0]
+    rules = {(tuple(r["resources"]), tuple(sorted(r["verbs"]))) for r in role["rules"]}
+    assert rules == {(("pods",), ("create", "delete", "get", "list", "watch")), (("pods/log",), ("get",)),
+                     (("events",), ("get", "list", "watch")), (("persistentvolumeclaims",), ("create", "get", "list"))}
+    cluster = by_kind(docs, "ClusterRole")[0]
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster["rules"])  # read-only cluster-wide
+    assert {tuple(r["resources"]) for r in cluster["rules"]} == {("nodes",), ("pods",)}
+    # declared inventory, no foreign pods: nothing cluster-wide at all
+    docs = render(chart, values("declared-inventory"))
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert not by_kind(docs, "NetworkPolicy")
+
+
+def test_storage_and_database(chart):
+    docs = render(chart, values("default"))
+    claims = {d["metadata"]["name"]: d for d in by_kind(docs, "PersistentVolumeClaim")}
+    assert set(claims) == {"lab-gpupool-hub-data", "lab-gpupool-jobs"}
+    assert claims["lab-gpupool-jobs"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert all(c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for c in claims.values())
+    hub = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "lab-gpupool-hub")
+    pod = hub["spec"]["template"]["spec"]
+    assert hub["spec"]["strategy"]["type"] == "Recreate" and hub["spec"]["replicas"] == 1
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "lab-gpupool-hub-data"
+    assert vols["jobs"]["persistentVolumeClaim"]["claimName"] == "lab-gpupool-jobs"
+    assert pod["serviceAccountName"] == "lab-gpupool-hub"
+
+    docs = render(chart, values("postgres"))
+    assert [c["metadata"]["name"] for c in by_kind(docs, "PersistentVolumeClaim")] == ["lab-gpupool-jobs"]
+    db = next(d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == "lab-gpupool-db")
+    assert db["stringData"]["gpupool-db-url"].startswith("postgresql+psycopg2://")
+    hub = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "lab-gpupool-hub")
+    env = {e["name"]: e for e in hub["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPUPOOL_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "lab-gpupool-db", "key": "gpupool-db-url"}
+    assert env["JUPYTERHUB_DB_URL"]["valueFrom"]["secretKeyRef"]["key"] == "hub-db-url"
+    svc = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"] == "lab-gpupool-proxy-public")
+    assert svc["spec"]["type"] == "NodePort" and svc["spec"]["ports"][0]["nodePort"] == 30080
+
+    docs = render(chart, values("declared-inventory"))
+    assert not by_kind(docs, "PersistentVolumeClaim") or all(
+        c["metadata"]["name"] != "lab-gpupool-jobs" for c in by_kind(docs, "PersistentVolumeClaim"))
+    hub = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "lab-gpupool-hub")
+    vols = {v["name"]: v for v in hub["spec"]["template"]["spec"]["volumes"]}
+    assert vols["jobs"]["persistentVolumeClaim"]["claimName"] == "lab-nfs-jobs"
+
+
+@pytest.mark.parametrize("name", CI)
+def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, monkeypatch):
+    """Execute the chart's jupyterhub_config.py (as the hub would) with the rendered ConfigMap."""
+    docs = render(chart, values(name))
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "lab-gpupool-hub")
+    for key, text in cm["data"].items():
+        (tmp_path / key).write_text(text)
+    monkeypatch.setenv("GPUPOOL_CHART_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "proxy-token")
+    monkeypatch.setenv("JPY_COOKIE_SECRET", "ab" * 32)
+    monkeypatch.setenv("GPUPOOL_API_TOKEN", "svc-token")
+    monkeypatch.setenv("GPUPOOL_KUBE_CONFIG", str(tmp_path / "kube.json"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    c = PyFileConfigLoader(str(tmp_path / "jupyterhub_config.py")).load_config()
+    assert c.JupyterHub.spawner_class == "gpupool.spawner.kube.GPUPoolKubeSpawner"
+    assert c.GPUPool.backend == "gpupool.backends.kubernetes.KubeJobBackend"
+    assert c.ConfigurableHTTPProxy.api_url == "http://lab-gpupool-proxy-api:8001"
+    assert c.JupyterHub.hub_connect_ip == "lab-gpupool-hub"
+    assert c.GPUPool.api_url == "http://lab-gpupool-hub.jhub.svc:10101/services/gpupool/api/v1/"
+    svc = next(s for s in c.JupyterHub.services if s["name"] == "gpupool")
+    assert svc["url"] == "http://10.1.2.3:10101"  # the proxy pod reaches the service at the hub pod's IP
+    assert svc["environment"]["GPUPOOL_KUBE_CONFIG"] == str(tmp_path / "kube.json")
+    assert svc["environment"]["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"  # in-cluster API for the backend
+    assert c.GPUPoolKubeSpawner.gpupool_url == "http://10.1.2.3:10101/services/gpupool/"
+    kube = load_settings()
+    assert kube.namespace == "jhub" and kube.jobs_claim in ("lab-gpupool-jobs", "lab-nfs-jobs")
+    assert kube.image == "ghcr.io/gpupool/hub:0.1.0" and kube.jobs_mount == c.GPUPool.job_root
+    v = values(name)
+    if name == "declared-inventory":
+        assert c.GPUPool.nodes == v["gpupool"]["inventory"]["nodes"] and kube.discovery == "declared"
+        assert kube.home_claim == "" and not kube.count_foreign_pods
+    else:
+        assert c.GPUPool.nodes == [] and kube.discovery == "kubernetes"
+        assert kube.home_claim == "claim-{username}"
+    if name == "postgres":
+        assert c.KubeSpawner.profile_list[1]["kubespawner_override"]["gpupool"] == {"gpus": 0.5, "queue": "vision"}
+        assert c.GPUPoolKubeSpawner.gpu_runtime_class == "nvidia" and kube.runtime_class == "nvidia"
+        assert kube.memory == "16Gi" and kube.cpu == 4.0
+        assert c.GitHubOAuthenticator.oauth_callback_url.startswith("https://")  # hub.extraConfig ran
+        assert c.Authenticator.admin_users == {"alice"}
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"gpupool": {"queues": [{"name": "vision", "deserved": {"gpu": "lots"}}]}}, "gpu"),
+    ({"gpupool": {"queues": [{"deserved": {"gpu": 1}}]}}, "name"),
+    ({"gpupool": {"queue": []}}, "queue"),
+    ({"gpupool": {"preemptionGrace": -1}}, "preemptionGrace"),
+    ({"gpupool": {"inventory": {"discovery": "nvml"}}}, "discovery"),
+    ({"gpupool": {"inventory": {"discovery": "declared"}}}, "nodes"),
+    ({"proxy": {"service": {"type": "Ingress"}}}, "type"),
+    ({"database": {"type": "postgres"}}, "postgres"),
+    ({"database": {"type": "postgres", "postgres": {"gpupoolUrl": "mysql://x"}}}, "gpupoolUrl"),
+    ({"singleuser": {"profiles": [{"display_name": "x", "kubespawner_override": {"gpupool": {"gpus": 0}}}]}}, "gpus"),
+])
+def test_bad_values_fail_at_install(chart, bad, words):
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(bad, name="lab", namespace="jhub", is_install=True)
+    assert words in str(e.value), str(e.value)
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(bad)
