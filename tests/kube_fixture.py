@@ -17,6 +17,11 @@ that gpupool and KubeSpawner rely on; :class:`FakeKube` adds them:
   :attr:`FakeKube.deletions` with its grace period;
 * ``pods/{name}/log`` serves the text set with :meth:`KubeCluster.set_log`.
 
+With ``KubeCluster(run_jobs=True)`` the kubelet really runs the command of gpupool job pods
+(label ``gpupool.io/component=job``) as a local process with the pod's environment and working
+directory (the job paths are the same on this machine), its output as the pod's log; deleting
+the pod sends it SIGTERM and SIGKILL when the grace period is over, as a kubelet does.
+
 The fake kubelet binds pods to the node named by their required node affinity (``matchFields
 metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName`` (else to the
 first Ready, uncordoned node matching the ``nodeSelector``, as a scheduler would), refuses a
@@ -33,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
 import re
+import signal
 import threading
 import uuid
 from typing import Any, Callable
@@ -125,6 +132,8 @@ class FakeKube(kmock.KubernetesEmulator):
     """kmock's emulator with the gaps filled (see the module docstring)."""
 
     rv: int = 0
+    run_jobs: bool = False  # the kubelet runs gpupool job pods' commands as local processes
+    procs: dict = attrs.field(factory=dict)  # (namespace, name, uid) -> asyncio subprocess
     logs: dict = attrs.field(factory=dict)
     behaviours: dict = attrs.field(factory=dict)
     deletions: list = attrs.field(factory=list)
@@ -377,6 +386,28 @@ def _node_ready(node: dict) -> bool:
     return True
 
 
+async def _run_container(api: FakeKube, ns: str, name: str, container: dict) -> asyncio.subprocess.Process:
+    """Start a container's command as a local process (its stdout becomes the pod's log)."""
+    env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
+    env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+    cmd = [*container.get("command", []), *container.get("args", [])]
+    cwd = container.get("workingDir")
+    proc = await asyncio.create_subprocess_exec(*cmd, env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+
+    async def read() -> None:
+        assert proc.stdout is not None
+        while True:
+            chunk = await proc.stdout.read(4096)
+            if not chunk:
+                break
+            api.logs[(ns, name)] = api.logs.get((ns, name), "") + chunk.decode(errors="replace")
+        await proc.wait()
+
+    asyncio.get_running_loop().create_task(read())
+    return proc
+
+
 async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
     """Moves pods through their lives (see the module docstring). Runs until cancelled."""
     ip = 10
@@ -392,6 +423,29 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                 meta, status = pod["metadata"], pod.get("status", {})
                 phase = status.get("phase", "Pending")
                 behave = api.behaviours.get((ns, name)) or api.behaviours.get(meta.get("labels", {}).get("gpupool.io/job-id")) or {}
+                pkey = (ns, name, meta.get("uid"))
+                proc = api.procs.get(pkey)
+                if proc is not None:  # a pod whose command really runs here
+                    if meta.get("deletionTimestamp"):
+                        grace = float(meta.get("deletionGracePeriodSeconds", 30))
+                        if pkey not in deleting:
+                            deleting[pkey] = (loop.time() + grace, grace)
+                            if proc.returncode is None:
+                                proc.send_signal(signal.SIGTERM)  # the kubelet stops the container
+                        elif grace < deleting[pkey][1]:
+                            deleting[pkey] = (min(deleting[pkey][0], loop.time() + grace), grace)
+                        if proc.returncode is None and loop.time() >= deleting[pkey][0]:
+                            proc.kill()  # grace over
+                    if proc.returncode is not None and phase not in ("Succeeded", "Failed"):
+                        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+                        await api.patch_object(PODS, ns, name, {"status": {
+                            "phase": "Succeeded" if code == 0 else "Failed",
+                            "containerStatuses": [_terminated(c, code) for c in pod["spec"].get("containers", [])]}})
+                    if proc.returncode is not None and meta.get("deletionTimestamp"):
+                        deleting.pop(pkey, None)
+                        api.procs.pop(pkey, None)
+                        await api.remove_object(PODS, ns, name)
+                    continue
                 if meta.get("deletionTimestamp"):
                     key = (ns, name, meta.get("uid"))
                     grace = float(meta.get("deletionGracePeriodSeconds", 30))
@@ -454,6 +508,8 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                 ip += 1
                 containers = pod.get("spec", {}).get("containers", [])
                 now = _now()
+                if api.run_jobs and (meta.get("labels") or {}).get("gpupool.io/component") == "job":
+                    api.procs[(ns, name, meta.get("uid"))] = await _run_container(api, ns, name, containers[0])
                 await api.patch_object(PODS, ns, name, {
                     "spec": {"nodeName": node_name},
                     "status": {
@@ -470,8 +526,8 @@ class KubeCluster:
     """The test API server in its own thread. ``url`` is its address; the helpers add nodes
     and foreign pods, read objects, set logs and end pods, from any thread."""
 
-    def __init__(self) -> None:
-        self.api = FakeKube()
+    def __init__(self, run_jobs: bool = False) -> None:
+        self.api = FakeKube(run_jobs=run_jobs)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -517,6 +573,10 @@ class KubeCluster:
                 await kubelet
             except asyncio.CancelledError:
                 pass
+            for proc in list(self.api.procs.values()):  # no process outlives the cluster
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
 
     @property
     def url(self) -> str:

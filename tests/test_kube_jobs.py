@@ -29,10 +29,11 @@ class Pool:  # the parts of c.GPUPool the backend reads
     kill_after = 1.0
 
 
-class Settings:
-    pool = Pool()
-    nodes: list = []
-    gpu_uuids: dict = {}
+class Settings:  # the parts of the service's Settings the backend reads and fills
+    def __init__(self) -> None:
+        self.pool = Pool()
+        self.nodes: list = []
+        self.gpu_uuids: dict = {}
 
 
 def job_spec(root, job_id="j-000001", attempt=0, placements=None, user="alice", env=None) -> JobSpec:
@@ -63,8 +64,12 @@ async def wait_for(pred, timeout=8.0):
 async def backend(kube, tmp_path):
     kube.add_node("n1", 4, uuids=["GPU-aaa", "GPU-bbb", "GPU-ccc", "GPU-ddd"])
     kube.add_node("n2", 2)
-    b = KubeJobBackend(Settings(), kube=GPUPoolKubernetes(api_host=kube.url, namespace="jobs", image="lab/notebook:1",
-                                                           pending_timeout=1.0, runtime_class="nvidia"))
+    settings = Settings()
+    b = KubeJobBackend(settings, kube=GPUPoolKubernetes(api_host=kube.url, namespace="jobs", image="lab/notebook:1",
+                                                         pending_timeout=1.0, runtime_class="nvidia"))
+    # the service's node table was filled from the API when the backend was made
+    assert [(n.name, n.gpus) for n in settings.nodes] == [("n1", 4), ("n2", 2)]
+    assert settings.gpu_uuids == {"n1": ["GPU-aaa", "GPU-bbb", "GPU-ccc", "GPU-ddd"]}
     await b.start_watching()
     yield b
     await b.close()
@@ -351,3 +356,107 @@ def test_entrypoint_turns_sigterm_into_a_checkpoint(tmp_path):
     assert json.loads((jdir / "runs" / "0" / "exit.json").read_text())["exit_code"] == 0
     assert any(p.name.startswith("ckpt") or p.suffix for p in (jdir / "checkpoints").iterdir())
     assert (jdir / "output.ipynb").exists()
+
+
+def test_unreachable_api_is_a_clear_startup_error():
+    with pytest.raises(RuntimeError, match=r"cannot read the nodes from the Kubernetes API \(http://127.0.0.1:9\)"):
+        KubeJobBackend(Settings(), kube=GPUPoolKubernetes(api_host="http://127.0.0.1:9", request_timeout=2))
+
+
+# -- the real gpupool service with the Kubernetes backend -----------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def kube_hub(tmp_path_factory):
+    """A real JupyterHub + gpupool service whose jobs run as pods on the test API; the kubelet
+    runs each job pod's command (the real entrypoint, papermill, a kernel) as a local process."""
+    import shutil
+
+    from hub_harness import Hub
+    from kube_fixture import KubeCluster
+
+    tmp = tmp_path_factory.mktemp("kubejobs")
+    with KubeCluster(run_jobs=True) as cluster:
+        cluster.add_node("box", 2, product="NVIDIA-L4", memory_mib=16384, labels={"topology.gpupool.io/rack": "r1"})
+        kube_cfg = tmp / "kube.json"
+        home = tmp / "home" / "bob"
+        kube_cfg.write_text(json.dumps({"GPUPoolKubernetes": {
+            "api_host": cluster.url, "namespace": "jobs", "image": "lab/notebook:1", "python": sys.executable,
+            "home_claim": "claim-{username}", "home_mount": str(home), "jobs_claim": "gpupool-jobs",
+            "image_from_workspace": False}}))
+        extra = ("for _s in c.JupyterHub.services:\n"
+                 "    if _s['name'] == 'gpupool':\n"
+                 f"        _s['environment']['GPUPOOL_KUBE_CONFIG'] = {str(kube_cfg)!r}\n")
+        queues = [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice"]},
+                  {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]}]
+        hub = Hub(tmp, gpupool={"queues": queues, "nodes": [], "preemption_grace": 10,
+                                "backend": "gpupool.backends.kubernetes.KubeJobBackend"}, extra_config=extra)
+        with hub:
+            shutil.copy(ROOT / "examples" / "train_checkpoint.ipynb", hub.home("bob") / "train_checkpoint.ipynb")
+            yield hub, cluster
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
+    import re
+
+    from hub_harness import notebook
+
+    hub, cluster = kube_hub
+    admin = hub.admin_token
+    nodes = hub.api("GET", "nodes", admin).json()["nodes"]  # the inventory came from the Kubernetes API
+    assert [(n["name"], n["gpu_model"], n["gpu_memory"], len(n["gpus"])) for n in nodes] == [
+        ("box", "NVIDIA-L4", 16384 * 2**20, 2)]
+
+    alice, bob = hub.token("alice"), hub.token("bob")
+    jobs = []
+    for i in range(2):
+        r = hub.api("POST", "jobs", bob, json={
+            "notebook": "train_checkpoint.ipynb", "gpus": 1, "name": f"bob-{i}",
+            "parameters": {"steps": 30, "step_seconds": 0.25, "steps_file": f"steps-{i}.txt"}})
+        assert r.status_code == 201, r.text
+        jobs.append(r.json()["id"])
+    for j in jobs:
+        hub.wait_job(bob, j, {"running"}, 60)
+    pods = cluster.pods("jobs", "gpupool.io/managed=true")
+    assert sorted(p["metadata"]["labels"]["gpupool.io/job-id"] for p in pods) == sorted(jobs)
+    for p in pods:
+        assert p["metadata"]["labels"]["gpupool.io/user"] == "bob"
+        if "queue" in JobSpec.__dataclass_fields__:  # the service hands the queue to backends
+            assert p["metadata"]["labels"]["gpupool.io/queue"] == "nlp"
+        assert p["spec"]["nodeName"] == "box"
+        assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        kubernetes_validate.validate(p, K8S_VERSION)
+    home = hub.home("bob")
+    hub.wait_for(lambda: all((home / f"steps-{i}.txt").exists() and len((home / f"steps-{i}.txt").read_text().splitlines()) >= 3
+                             for i in range(2)), 90)
+
+    r = hub.api("POST", "jobs", alice, json={"notebook_content": notebook("import time; time.sleep(1)"), "gpus": 1})
+    mine = r.json()["id"]
+
+    def preempted():
+        for j in jobs:
+            view = hub.api("GET", f"jobs/{j}", bob).json()
+            if view["status"] in ("preempting", "queued") and view["attempts"] == 1:
+                return view
+        return None
+
+    victim = hub.wait_for(preempted, 30, 0.1, message="no job of bob's was preempted")
+    assert hub.wait_job(alice, mine, {"succeeded", "failed"}, 120)["status"] == "succeeded"
+    finals = [hub.wait_job(bob, j, {"succeeded", "failed"}, 150) for j in jobs]
+    assert [f["status"] for f in finals] == ["succeeded", "succeeded"], finals
+    v = next(f for f in finals if f["id"] == victim["id"])
+    assert v["preemptions"] == 1 and v["attempts"] == 2, v
+    # preemption deleted the victim's pod with the grace period (10 s grace + 2 s kill_after)
+    victim_deletions = [d for d in cluster.deletions if d["labels"].get("gpupool.io/job-id") == v["id"]]
+    assert victim_deletions and victim_deletions[0]["grace"] == 12, victim_deletions
+    log = hub.api("GET", f"jobs/{v['id']}/log", bob).text
+    assert "asked to stop (preempted" in log
+    record = [tuple(map(int, re.search(r"attempt=(\d+) step=(\d+)", line).groups()))
+              for line in (home / f"steps-{jobs.index(v['id'])}.txt").read_text().splitlines()]
+    assert [s for _, s in record] == list(range(30)), record  # every step once: resumed from the checkpoint
+    assert len({a for a, _ in record}) == 2
+    hub.wait_for(lambda: not cluster.pods("jobs", "gpupool.io/managed=true"), 30, message="finished pods were not removed")

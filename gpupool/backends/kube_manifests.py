@@ -88,7 +88,7 @@ def dns_name(value: str, max_len: int = 63) -> str:
 
 
 def gpupool_labels(*, job_id: str, user: str, queue: str, kind: str, component: str = "job") -> dict[str, str]:
-    return {
+    labels = {
         LABEL_MANAGED: "true",
         LABEL_JOB: label_value(job_id),
         LABEL_QUEUE: label_value(queue),
@@ -96,6 +96,7 @@ def gpupool_labels(*, job_id: str, user: str, queue: str, kind: str, component: 
         LABEL_KIND: label_value(kind),
         LABEL_COMPONENT: component,
     }
+    return {k: v for k, v in labels.items() if v}  # an unknown queue/kind is left out, not ""
 
 
 def selector(labels: dict[str, str]) -> str:
@@ -123,8 +124,10 @@ def placement_from_json(text: str | None) -> tuple[PodPlacement, ...]:
 
 def gpupool_annotations(*, job_id: str, user: str, queue: str, placements: Sequence[PodPlacement],
                         attempt: int = 0, gpu_ids: Sequence[str] = ()) -> dict[str, str]:
-    ann = {ANN_JOB: str(job_id), ANN_USER: str(user), ANN_QUEUE: str(queue),
-           ANN_PLACEMENT: placement_to_json(placements), ANN_ATTEMPT: str(int(attempt))}
+    ann = {ANN_JOB: str(job_id), ANN_USER: str(user), ANN_PLACEMENT: placement_to_json(placements),
+           ANN_ATTEMPT: str(int(attempt))}
+    if queue:
+        ann[ANN_QUEUE] = str(queue)
     if gpu_ids:
         ann[ANN_GPU_IDS] = ",".join(gpu_ids)
     return ann

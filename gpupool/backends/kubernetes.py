@@ -158,6 +158,38 @@ async def client_configuration(settings: GPUPoolKubernetes) -> Any:
     return cfg
 
 
+def discover(settings: GPUPoolKubernetes) -> Inventory:
+    """One synchronous read of the inventory (nodes, and pods unless ``count_foreign_pods`` is
+    off) with the official ``kubernetes`` client: what the service needs before its first cycle.
+    Raises RuntimeError with the API's reason when the cluster cannot be read."""
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
+
+    cfg = kclient.Configuration()
+    try:
+        if settings.api_host:
+            cfg.host = settings.api_host.rstrip("/")
+        else:
+            try:
+                kconfig.load_incluster_config(client_configuration=cfg)
+            except kconfig.ConfigException:
+                kconfig.load_kube_config(config_file=settings.kubeconfig or None, client_configuration=cfg)
+        with kclient.ApiClient(cfg) as api:
+            core = kclient.CoreV1Api(api)
+            kw = {"label_selector": settings.node_selector} if settings.node_selector else {}
+            nodes = json.loads(core.list_node(_preload_content=False, _request_timeout=settings.request_timeout,
+                                              **kw).data)["items"]
+            pods = []
+            if settings.count_foreign_pods:
+                pods = json.loads(core.list_pod_for_all_namespaces(
+                    field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False,
+                    _request_timeout=settings.request_timeout).data)["items"]
+    except Exception as e:  # noqa: BLE001 - config, network, RBAC: one clear sentence
+        reason = getattr(e, "reason", None) or str(e)
+        raise RuntimeError(f"cannot read the nodes from the Kubernetes API ({cfg.host}): {reason}") from None
+    return build_inventory(nodes, pods, settings)
+
+
 def default_namespace(settings: GPUPoolKubernetes) -> str:
     if settings.namespace:
         return settings.namespace
@@ -503,6 +535,18 @@ class KubeJobBackend(JobBackend):
         self._stopping: set[str] = set()  # run ids asked to stop
         self._last: dict[str, dict] = {}  # run id -> last pod state seen
         self._pending_since: dict[str, float] = {}
+        if self.kube.discovery not in ("kubernetes", "declared"):
+            raise ValueError(f"c.GPUPoolKubernetes.discovery: {self.kube.discovery!r} is neither 'kubernetes' nor 'declared'")
+        if self.kube.discovery == "kubernetes" and settings is not None and isinstance(getattr(settings, "nodes", None), list):
+            # The service builds its node table right after creating the backend: fill it now.
+            inv = discover(self.kube)
+            settings.nodes[:] = inv.nodes
+            if isinstance(getattr(settings, "gpu_uuids", None), dict):
+                settings.gpu_uuids.clear()
+                settings.gpu_uuids.update(inv.gpu_uuids)
+            self.log.info("gpupool: %d nodes with %d GPUs from the Kubernetes API%s", len(inv.nodes),
+                          sum(n.gpus for n in inv.nodes),
+                          "".join(f"; {n} {why}" for n, why in sorted(inv.why_unschedulable.items())))
 
     # settings of the hub service (GPUPool) with safe defaults when used alone
     def _pool(self, name: str, default: Any) -> Any:
