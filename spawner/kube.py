@@ -169,6 +169,10 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
         env = super().get_env()
         place = self._placement()
         if place is None or not place.gpus:
+            if self.hide_gpus_without_allocation:
+                # CUDA base images say NVIDIA_VISIBLE_DEVICES=all: without this a CPU-only pod on a
+                # node whose default runtime is NVIDIA's would see every GPU of the node
+                env["NVIDIA_VISIBLE_DEVICES"] = "void"
             return env
         for key in km.HOST_ONLY_ENV:
             if key not in ("HOME", "PATH"):

@@ -99,7 +99,7 @@ def test_job_pod_manifests_are_valid_kubernetes():
     c = whole["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert "NVIDIA_VISIBLE_DEVICES" not in env_of(whole)  # the device plugin chooses and isolates
-    assert env_of(whole)["GPUPOOL_GPUS"] == "2"
+    assert env_of(whole)["GPUPOOL_GPUS"] == "0,1" and env_of(whole)["GPUPOOL_NODE"] == "node-a"
     assert "CUDA_VISIBLE_DEVICES" not in env_of(whole)  # a host index means nothing in the pod
     term = whole["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]

@@ -107,7 +107,7 @@ async def test_whole_gpus_pinned_start_poll_stop(hub, kube):
         assert nb["resources"]["limits"]["nvidia.com/gpu"] == "2"
         env = env_of(sent)
         assert "CUDA_VISIBLE_DEVICES" not in env and "NVIDIA_VISIBLE_DEVICES" not in env  # the device plugin's job
-        assert env["GPUPOOL_GPUS"] == "2"
+        assert env["GPUPOOL_GPUS"] == ",".join(str(g) for g in ws["allocation"][0]["gpus"])
         labels = sent["metadata"]["labels"]
         assert labels["gpupool.io/managed"] == "true" and labels["gpupool.io/queue"] == "vision"
         assert labels["gpupool.io/component"] == "workspace" and labels["gpupool.io/user"] == "alice"
@@ -160,7 +160,7 @@ async def test_fraction_profile_pins_the_gpu_uuid(hub, kube):
         await asyncio.wait_for(sp.start(), 40)
         sent = created_pods(kube)[-1]
         assert "gpupool.io/managed" not in sent["metadata"]["labels"]
-        assert env_of(sent)["CUDA_VISIBLE_DEVICES"] == ""
+        assert env_of(sent)["CUDA_VISIBLE_DEVICES"] == "" and env_of(sent)["NVIDIA_VISIBLE_DEVICES"] == "void"
         assert workspace(hub) is None
         await asyncio.wait_for(sp.stop(), 30)
     finally:

@@ -202,17 +202,20 @@ def fraction_env(fraction: float, gpu_ids: Sequence[str], gpu_memory: int = 0) -
 
 
 def gpu_env(placement: PodPlacement, uuids: Sequence[str] | None = None, gpu_memory: int = 0) -> dict[str, str]:
-    """The GPU part of a pod's environment for ``placement``: fraction variables for a share,
-    only ``GPUPOOL_GPUS`` for whole GPUs (the device plugin sets NVIDIA_VISIBLE_DEVICES) and
+    """The GPU part of a pod's environment for ``placement``: fraction variables for a share;
+    for whole GPUs only where they are (``GPUPOOL_GPUS``: the scheduler's indices on
+    ``GPUPOOL_NODE``; the device plugin sets NVIDIA_VISIBLE_DEVICES to the devices it picked);
     ``NVIDIA_VISIBLE_DEVICES=void`` for a CPU-only pod, so an image built on a CUDA base image
-    does not see every GPU of the node."""
+    (which says ``NVIDIA_VISIBLE_DEVICES=all``) does not see every GPU of the node."""
     if not placement.gpus:
-        return {"NVIDIA_VISIBLE_DEVICES": "void", "GPUPOOL_GPUS": "0"}
+        return {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": "", "GPUPOOL_GPUS": "",
+                "GPUPOOL_GPU_FRACTION": "0"}
+    where = {"GPUPOOL_GPUS": ",".join(str(g) for g in placement.gpus), "GPUPOOL_NODE": placement.node}
     if placement.fraction < 1.0:
         env = fraction_env(placement.fraction, gpu_ids_for(placement, uuids)[:1], gpu_memory)
-        env["GPUPOOL_GPUS"] = f"{placement.fraction:g}"
+        env.update(where)
         return env
-    return {"GPUPOOL_GPUS": str(len(placement.gpus))}
+    return {**where, "GPUPOOL_GPU_FRACTION": "1"}
 
 
 def env_list(env: dict[str, str]) -> list[dict[str, str]]:
