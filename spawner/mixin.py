@@ -442,8 +442,8 @@ class GPUPoolSpawnerMixin(Spawner):
             await self._gpupool("DELETE", path)
         except GPUPoolError as e:
             if e.status != 404:
-                self.log.error("gpupool: could not release %s: %s (the service frees it when it "
-                               "notices the server is gone)", path, e.message)
+                self.log.error("gpupool: could not release %s: %s (kept in the server's state; the "
+                               "next start or stop of this server releases it)", path, e.message)
                 return
         self.log.info("gpupool: released workspace %s", path)
         self.gpupool_workspace = ""
@@ -489,17 +489,50 @@ class GPUPoolSpawnerMixin(Spawner):
             self.gpu_request = None
             self._starting = False
 
+    _stopping = False
+
     async def stop(self, now=False):
+        self._stopping = True  # the wrapped stop() polls; that poll must not re-enter stop()
         try:
             await super().stop(now=now)
         finally:
-            await self.release()
+            try:
+                await self.release()
+            finally:
+                self._stopping = False
 
     async def poll(self):
         status = await super().poll()
-        if status is not None and self.gpupool_workspace and not self._starting:
+        if self._starting or self._stopping or not self.gpupool_workspace:
+            return status
+        if status is not None:
             await self.release()  # the server died: free its GPUs now
-        return status
+            return status
+        # Running: does it still hold its GPUs? A preemptible workspace loses them when its queue's
+        # owner reclaims them (after the service's grace period it is requeued); an admin may also
+        # have removed it. Then the server is stopped, so it cannot use GPUs that are now someone
+        # else's, and the hub shows the user why on the next visit.
+        try:
+            ws = await self._gpupool("GET", self.gpupool_workspace)
+        except GPUPoolError as e:
+            if e.status != 404:
+                return None  # the service is unreachable: never stop servers because of that
+            ws = {"status": "gone", "reason": "its workspace was removed from the GPU scheduler"}
+        if ws.get("status") in ("running", "preempting", "starting"):
+            if ws.get("status") == "preempting" and not self._warned_preempting:
+                self._warned_preempting = True
+                self.log.warning("gpupool: %s is being preempted: %s", self._log_name, ws.get("reason"))
+            return None
+        self.log.warning("gpupool: stopping %s: it no longer holds its GPUs (%s)", self._log_name,
+                         ws.get("reason") or ws.get("status"))
+        await self.stop()
+        return 0
+
+    _warned_preempting = False
+
+    @default("poll_interval")
+    def _default_poll_interval(self) -> int:
+        return 10  # also how soon a preempted workspace's server is stopped after its grace period
 
     def get_state(self) -> dict:
         state = super().get_state()

@@ -125,6 +125,7 @@ c.Spawner.cmd = [{SINGLEUSER!r}]
 c.Spawner.args = {[f"--ServerApp.jpserver_extensions={k}=False" for k in LEAN]!r}
 c.Spawner.default_url = "/api/status"
 c.Spawner.http_timeout = 60
+c.Spawner.poll_interval = 1
 c.LocalGPUSpawner.admission_poll_interval = 0.2
 c.LocalGPUSpawner.admission_timeout = 60
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
@@ -133,8 +134,8 @@ c.Spawner.group_overrides = {{"impatient": {{"groups": ["impatient"],
 """
     gp = {"nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi", "gpu_model": "L4"}],
           "queues": [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice", "dave"], "groups": ["impatient"]},
-                     {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]}]}
-    with Hub(tmp, gpupool=gp, users=["alice", "bob", "dave", "erin"], admins=["admin"],
+                     {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob", "frank"]}]}
+    with Hub(tmp, gpupool=gp, users=["alice", "bob", "dave", "erin", "frank"], admins=["admin"],
              groups={"impatient": ["erin"]}, extra_config=extra) as h:
         yield h
 
@@ -287,6 +288,25 @@ def test_admission_timeout_fails_cleanly_and_withdraws(hub):
     assert _workspace(hub, "erin") is None  # the queued request was withdrawn
     assert "Traceback" not in hub.hub_log().split("erin")[-1][:2000]
     _stop(hub, "alice")
+
+
+@pytest.mark.hub
+def test_preempted_workspace_server_is_stopped_and_the_owner_gets_the_gpu(hub):
+    _start(hub, "bob", {"gpus": 1, "queue": "nlp"})  # nlp's deserved GPU
+    _wait_ready(hub, "bob")
+    # frank (nlp too) borrows vision's idle GPU with a preemptible workspace
+    _start(hub, "frank", {"gpus": 1, "queue": "nlp", "preemptible": True})
+    _wait_ready(hub, "frank")
+    assert "borrowing" in _workspace(hub, "frank")["reason"]
+    # alice's queue wants its deserved GPU back: frank's workspace is preempted (grace 3 s), its
+    # server stopped by the spawner's poll, and alice's server starts on that GPU
+    _start(hub, "alice", {"gpus": 1})
+    hub.wait_for(lambda: _server(hub, "frank") is None, 40, 0.3, message="frank's preempted server still runs")
+    _wait_ready(hub, "alice", timeout=40)
+    assert _workspace(hub, "frank") is None  # not left queued with no server behind it
+    assert "frank's server: it no longer holds its GPUs" in hub.hub_log() or "no longer holds its GPUs" in hub.hub_log()
+    _stop(hub, "alice")
+    _stop(hub, "bob")
 
 
 @pytest.mark.hub
