@@ -282,7 +282,7 @@ class JobsHandler(BaseHandler):
     async def post(self) -> None:
         self.require_user_token()
         data = self.body()
-        row = self.svc.new_job(self.ident, data)
+        row = await self.svc.new_job(self.ident, data)
         self.svc.loop.wake()
         self.send(job_view(self.svc, row, {}), 201)
 

@@ -17,14 +17,13 @@ import importlib
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
 from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from tornado import web
 
 from ..scheduler.spec import SpecError, parse_workload
@@ -52,6 +51,41 @@ def make_backend(name: str, settings: Settings) -> Any:
         raise GPUPoolConfigError(f"c.GPUPool.backend: cannot load {name!r}: {e}") from None
 
 
+class BatchInserter:
+    """Group commit for submissions: the inserts of requests that arrive within a millisecond share
+    one transaction (one SQLite commit), and each request gets its id once that commit is done."""
+
+    def __init__(self, engine: Any, delay: float = 0.001):
+        self.engine = engine
+        self.delay = delay
+        self.table = D.Workload.__table__
+        self.pending: list[tuple[dict, asyncio.Future]] = []
+
+    def insert(self, values: dict) -> "asyncio.Future[int]":
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.pending.append((values, fut))
+        if len(self.pending) == 1:
+            loop.call_later(self.delay, self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        batch, self.pending = self.pending, []
+        try:
+            with self.engine.begin() as conn:
+                stmt = insert(self.table).returning(self.table.c.id, sort_by_parameter_order=True)
+                ids = [r[0] for r in conn.execute(stmt, [v for v, _ in batch])]
+        except Exception as e:  # nothing of the batch was committed
+            log.exception("could not store %d submissions", len(batch))
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(APIError(503, f"the gpupool database refused the job: {e}"))
+            return
+        for (_, fut), new_id in zip(batch, ids):
+            if not fut.done():
+                fut.set_result(new_id)
+
+
 class Service:
     """Shared state of the handlers: settings, database, loop, auth, metrics; the submission logic."""
 
@@ -63,6 +97,7 @@ class Service:
         self.auth = auth
         self.metrics = metrics
         self.nvml = nvml
+        self.inserter = BatchInserter(sessions.kw["bind"])
         self.queue_map = {q.name: q for q in settings.queues}
         parents = {q.parent for q in settings.queues if q.parent}
         self.leaves = [q.name for q in settings.queues if q.name not in parents]
@@ -130,7 +165,7 @@ class Service:
         return w
 
     # ------------------------------------------------------------------ jobs
-    def new_job(self, ident: Identity, data: dict) -> D.Workload:
+    async def new_job(self, ident: Identity, data: dict) -> D.Workload:
         for key in data:
             if key not in JOB_FIELDS:
                 raise APIError(400, f"{key}: unknown field (allowed: {', '.join(JOB_FIELDS)})", key)
@@ -183,26 +218,16 @@ class Service:
             params_json = json.loads(json.dumps(params))
         except (TypeError, ValueError):
             raise APIError(400, "parameters: must be JSON values", "parameters") from None
-        with self.sessions() as s:
-            row = D.Workload(type=D.JOB, user=ident.name, server="", name=name, queue=queue, kind=kind,
-                             gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority,
-                             preemptible=w.preemptible, checkpoint_on_signal=w.checkpoint_on_signal,
-                             notebook=nb, parameters=params_json, sweep=sweep, status=D.QUEUED,
-                             reason="submitted; waiting for the scheduler's next cycle", submitted_at=time.time(),
-                             preemptions=0, restarts=0, attempt=0)
-            s.add(row)
-            s.flush()
-            jdir = os.path.join(self.settings.pool.job_root, row.public_id)
-            os.makedirs(jdir, exist_ok=True)
-            target = os.path.join(jdir, "input.ipynb")
-            if source is not None:
-                shutil.copyfile(source, target)
-            else:
-                with open(target, "w") as f:
-                    json.dump(content, f)
-            s.commit()  # persisted before the 201
+        values = dict(type=D.JOB, user=ident.name, server="", name=name, queue=queue, kind=kind,
+                      gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority,
+                      preemptible=w.preemptible, checkpoint_on_signal=w.checkpoint_on_signal,
+                      notebook=nb, source=json.dumps(doc if source is not None else content), parameters=params_json,
+                      sweep=sweep, status=D.QUEUED, reason="submitted; waiting for the scheduler's next cycle",
+                      submitted_at=time.time(), preemptions=0, restarts=0, attempt=0)
+        new_id = await self.inserter.insert(values)  # committed before the 201
         self.metrics.submitted.inc()
-        return row
+        values.pop("source")
+        return D.Workload(id=new_id, **values)
 
     # ------------------------------------------------------------------ workspaces
     async def request_workspace(self, user: str, server: str, data: dict) -> tuple[D.Workload, bool]:

@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column, sessionmaker
+
+NullableJSON = JSON(none_as_null=True)  # Python None is SQL NULL (not the JSON text 'null')
 
 # Status values (docs/api.md)
 QUEUED, STARTING, RUNNING, PREEMPTING = "queued", "starting", "running", "preempting"
@@ -49,6 +51,7 @@ class Workload(Base):
     preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
     checkpoint_on_signal: Mapped[bool] = mapped_column(Boolean, default=False)
     notebook: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source: Mapped[str | None] = deferred(mapped_column(Text, nullable=True))  # the notebook (JSON) as submitted
     parameters: Mapped[Any] = mapped_column(JSON, default=dict)
     sweep: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
 
@@ -60,9 +63,9 @@ class Workload(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     attempt: Mapped[int] = mapped_column(Integer, default=0)  # number of starts so far
-    allocation: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # list of placements; NULL = holds nothing
+    allocation: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)  # list of placements; NULL = holds nothing
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    handle: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # backend's run handle
+    handle: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)  # backend's run handle
     stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     stop_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)  # preempt | cancel | memory
     stop_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -70,7 +73,7 @@ class Workload(Base):
     token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     checkpoint_path: Mapped[str | None] = mapped_column(Text, nullable=True)
-    env: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # workspace: env for the server
+    env: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)  # workspace: env for the server
 
     __table_args__ = (Index("ix_workloads_status", "status"), Index("ix_workloads_type_user", "type", "user"))
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 
 from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState
 from ..scheduler import Scheduler
@@ -52,8 +52,9 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def holding_clause() -> Any:
-    return or_(D.Workload.status.in_(D.ACTIVE), D.Workload.allocation.is_not(None))
+QUEUED_COLUMNS = [getattr(D.Workload, c) for c in (
+    "id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
+    "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status")]
 
 
 @dataclass
@@ -96,6 +97,8 @@ class SchedulerLoop:
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()  # one cycle (or recovery) at a time
+        self._last_cycle_seconds = 0.0
+        self._pending_cache: dict[int, SWorkload] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:
@@ -126,7 +129,8 @@ class SchedulerLoop:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            await asyncio.sleep(MIN_GAP)
+            # a burst of wake-ups (many submissions) keeps the loop busy at most a third of the time
+            await asyncio.sleep(max(MIN_GAP, 2 * self._last_cycle_seconds))
 
     # ------------------------------------------------------------------ helpers
     def job_dir(self, row: D.Workload) -> str:
@@ -232,10 +236,15 @@ class SchedulerLoop:
         t0 = time.perf_counter()
         now = time.time()
         with self.sessions() as s:
-            rows = s.scalars(select(D.Workload).where(holding_clause())).all()
+            # rows holding GPUs as ORM objects (few; reconcile updates them), queued ones as plain
+            # rows (possibly many; read-only here)
+            rows: list[Any] = list(s.scalars(select(D.Workload).where(D.Workload.allocation.is_not(None))))
             await self._reconcile(s, rows, now)
             s.commit()
-            snap, by_id = self._snapshot(rows, now)
+            holding = [r for r in rows if r.allocation is not None]
+            queued = s.execute(select(*QUEUED_COLUMNS).where(D.Workload.status == D.QUEUED,
+                                                             D.Workload.allocation.is_(None))).all()
+            snap, by_id = self._snapshot(holding, queued, now)
         loop = asyncio.get_running_loop()
         t1 = time.perf_counter()
         result = await loop.run_in_executor(None, self.scheduler.schedule, snap)
@@ -249,6 +258,7 @@ class SchedulerLoop:
             s.commit()
         st = self.state
         st.fair_share, st.allocated = result.fair_share, result.allocated
+        self._last_cycle_seconds = time.perf_counter() - t0
         st.cycles += 1
         st.last_cycle_at = now
         if self.metrics is not None:
@@ -372,42 +382,49 @@ class SchedulerLoop:
                         row.reason = f"running on {_where(row.allocation)}; warning: {msg}"
         self.state.memory_warnings = warnings
 
-    def _snapshot(self, rows: list[D.Workload], now: float) -> tuple[Snapshot, dict[str, D.Workload]]:
+    def _snapshot(self, holding: list[D.Workload], queued: list[Any], now: float
+                  ) -> tuple[Snapshot, dict[str, Any]]:
+        """Workloads holding GPUs (ORM rows) and queued ones (plain rows) as the scheduler's model.
+        Queued workloads do not change while they wait, so their model objects are reused across
+        cycles (a long queue costs little per cycle)."""
         queues = list(self.settings.queues)
         workloads: list[SWorkload] = []
-        by_id: dict[str, D.Workload] = {}
+        by_id: dict[str, Any] = {}
         orphaned = False
         views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
-        for row in rows:
-            holding = row.allocation is not None
-            if not holding and row.status != D.QUEUED:
-                continue
+        for row in holding:
             queue = row.queue
-            placements: tuple[PodPlacement, ...] = ()
-            if holding:
-                placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
-                                                fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
-                if any(p.node not in self.nodes or any(g >= self.nodes[p.node].gpus for g in p.gpus)
-                       for p in placements):
-                    log.warning("%s holds GPUs that are no longer configured (%s); not counted",
-                                row.public_id, row.allocation)
-                    continue
-                if queue not in self.queue_specs:
-                    queue, orphaned = REMOVED_QUEUE, True
+            placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
+                                            fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
+            if any(p.node not in self.nodes or any(g >= self.nodes[p.node].gpus for g in p.gpus) for p in placements):
+                log.warning("%s holds GPUs that are no longer configured (%s); not counted",
+                            row.public_id, row.allocation)
+                continue
+            if queue not in self.queue_specs:
+                queue, orphaned = REMOVED_QUEUE, True
             w = SWorkload(id=row.public_id, queue=queue, user=row.user, kind=row.kind, gpus=row.gpus,
                           gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory, priority=row.priority,
                           preemptible=row.preemptible, submit_time=row.submitted_at,
                           checkpoint_on_signal=row.checkpoint_on_signal, last_checkpoint_at=row.last_checkpoint_at,
-                          phase=(Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING)
-                          if holding else Phase.PENDING,
-                          placements=placements, started_at=row.started_at if holding else None)
+                          phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
+                          placements=placements, started_at=row.started_at)
             workloads.append(w)
             by_id[w.id] = row
-            view = views.setdefault(row.queue, QueueView())
-            if holding:
-                view.running += 1
-            else:
-                view.pending += 1
+            views.setdefault(row.queue, QueueView()).running += 1
+        cache, fresh = self._pending_cache, {}
+        for row in queued:
+            w = cache.get(row.id)
+            if w is None:
+                w = SWorkload(id=D.public_id(row.type, row.id), queue=row.queue, user=row.user, kind=row.kind,
+                              gpus=row.gpus, gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory,
+                              priority=row.priority, preemptible=row.preemptible, submit_time=row.submitted_at,
+                              checkpoint_on_signal=row.checkpoint_on_signal,
+                              last_checkpoint_at=row.last_checkpoint_at)
+            fresh[row.id] = w
+            workloads.append(w)
+            by_id[w.id] = row
+            views.setdefault(row.queue, QueueView()).pending += 1
+        self._pending_cache = fresh
         if orphaned:
             queues.append(QueueSpec(name=REMOVED_QUEUE))
         self.state.queues = views
@@ -475,6 +492,15 @@ class SchedulerLoop:
         s.commit()  # write-ahead: the allocation is on disk before anything runs
         try:
             spec = self.job_spec(row, token)
+            if not os.path.exists(spec.notebook):
+                source = s.scalar(select(D.Workload.source).where(D.Workload.id == row.id))
+                if not source:
+                    raise RuntimeError("the submitted notebook was not stored")
+                os.makedirs(spec.job_dir, exist_ok=True)
+                tmp = spec.notebook + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(source)
+                os.replace(tmp, spec.notebook)
             if row.attempt > 1:
                 _append(spec.log, f"\n=== gpupool: attempt {row.attempt} of {spec.job_id} on {_where(allocation)}"
                                   f"{'; resuming from ' + spec.env['GPUPOOL_RESUME_FROM'] if 'GPUPOOL_RESUME_FROM' in spec.env else ''} ===\n")

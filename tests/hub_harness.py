@@ -319,7 +319,7 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
                 self._service.wait(5)
         # anything the hub left: its managed service, the proxy, job processes
         mine = [p for p in _pids() if f"{self.dir}".encode() in _environ(p) or str(self.config_file) in _cmdline(p)
-                or f"127.0.0.1:{self.ports['proxy_api']}" in _cmdline(p)]
+                or f" --api-port {self.ports['proxy_api']} " in _cmdline(p) + " "]
         for pid in set(mine + self.job_pids()):
             if pid != os.getpid():
                 try:

@@ -2,6 +2,7 @@
 running jobs re-adopted (even one whose handle never reached the database), vanished ones requeued."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -81,7 +82,7 @@ def test_sigkill_and_restart_loses_nothing(tmp_path):
         assert ja["status"] == "running" and ja["attempts"] == 1 and ja["restarts"] == 0, ja
         assert runner_pid(hub, a) == a_runner  # the same process, adopted without a handle
         jb = hub.api("GET", f"jobs/{b}", tok).json()
-        assert jb["restarts"] == 1 and jb["attempts"] in (1, 2), jb  # requeued (and maybe started again)
+        assert jb["restarts"] == 1 and jb["attempts"] in (1, 2), json.dumps(jb)  # requeued (maybe started again)
         if jb["status"] == "queued":
             assert "gpupool service restarted" in jb["reason"], jb
         check_no_double_allocation(hub, tok)
