@@ -142,3 +142,68 @@ def test_cancel_running_job_asks_it_to_stop_and_frees_the_gpu(hub):
     assert j["status"] == "cancelled" and j["reason"] == "cancelled by bob"
     assert "asked to stop (cancelled by bob)" in hub.api("GET", f"jobs/{jid}/log", bob).text
     assert not [p for p in hub.job_pids()], "job processes left after cancel"
+
+
+async def test_gpu_memory_enforcement_reports_then_stops(tmp_path):
+    """A fractional job over its GPU memory share, as NVML reports it per process. No GPU here:
+    NVML is the vendor library's stand-in from test_nvml.py behind the real gpupool.backends.nvml
+    code; the loop, the backend and the job (papermill) are real."""
+    import asyncio
+    import types
+
+    from test_nvml import FakeNVML, device
+
+    from gpupool.backends import nvml as nvml_mod
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext.app import Service
+    from gpupool.hub_ext.auth import Identity
+    from gpupool.hub_ext.config import load
+    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.metrics import Metrics
+
+    (tmp_path / "home").mkdir()
+    settings = load({"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "16Gi"}], "run_as_user": False,
+                     "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+                     "work_dir": str(tmp_path / "home"), "preemption_grace": 1, "kill_after": 1})
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    fake = FakeNVML([device(0, total=16 * 2**30)])
+    reader = types.SimpleNamespace(process_memory=lambda i: nvml_mod.process_memory(i, nvml=fake))
+    backend = LocalBackend()
+    loop = SchedulerLoop(settings, sessions, backend, Metrics(), nvml=reader)
+    svc = Service(settings, sessions, loop, None, Metrics())
+    nb = notebook("import time\nwhile True:\n    time.sleep(0.1)")
+    job = await svc.new_job(Identity(name="alice"), {"notebook_content": nb, "gpus": 0.5})
+
+    def row():
+        with sessions() as s:
+            return s.get(D.Workload, job.id)
+
+    try:
+        await loop.cycle()
+        assert row().status == "running"
+        handle = row().handle
+        for _ in range(100):  # until the kernel is up
+            if len(backend.pids(handle)) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        fake.devices[0]["procs"] = [(pid, 3 * 2**30) for pid in backend.pids(handle)]  # >= 9Gi of an 8Gi share
+        await loop.cycle()
+        r = row()
+        assert r.status == "running" and "warning: using" in r.reason and "more than its share of 8Gi" in r.reason
+        loop.pool.memory_enforcement = "stop"
+        await loop.cycle()
+        assert row().stop_cause == "memory"
+        for _ in range(100):
+            await loop.cycle()
+            if row().status == "failed":
+                break
+            await asyncio.sleep(0.2)
+        r = row()
+        assert r.status == "failed" and "more than its share of 8Gi" in r.reason and "memory_enforcement" in r.reason
+        assert r.allocation is None and not backend.pids(handle)
+    finally:
+        for pid in backend.pids(row().handle or {"run_id": f"{job.public_id}.1"}):
+            import os
+            import signal
+            os.kill(pid, signal.SIGKILL)
