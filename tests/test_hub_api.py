@@ -335,6 +335,31 @@ def test_workspace_admission_for_the_spawner(hub, tokens):
     assert hub.api("DELETE", "workspaces/alice", svc).status_code == 404
 
 
+def test_preemptible_workspace_is_reclaimed_and_requeued(hub, tokens):
+    """bob holds nlp's deserved GPU with one workspace and borrows vision's idle GPU with a
+    preemptible second one; alice's job reclaims it."""
+    svc = hub.service_token
+    assert hub.api("POST", "workspaces/bob/own", svc, json={"gpus": 1}).status_code == 201
+    hub.wait_for(lambda: hub.api("GET", "workspaces/bob/own", svc).json()["status"] == "running", 30)
+    r = hub.api("POST", "workspaces/bob/big", svc, json={"gpus": 1, "preemptible": True})
+    assert r.status_code == 201 and r.json()["queue"] == "nlp"
+    hub.wait_for(lambda: hub.api("GET", "workspaces/bob/big", svc).json()["status"] == "running", 30)
+    job = hub.api("POST", "jobs", tokens["alice"], json={"notebook_content": notebook("1"), "gpus": 1}).json()
+
+    def requeued():
+        w = hub.api("GET", "workspaces/bob/big", svc).json()
+        return w if w["status"] in ("preempting", "queued") else None
+
+    w = hub.wait_for(requeued, 30, 0.1)
+    assert "reclaim" in w["reason"] or "vision" in w["reason"], w
+    assert hub.wait_job(tokens["alice"], job["id"], {"succeeded", "failed"}, 90)["status"] == "succeeded"
+    w = hub.api("GET", "workspaces/bob/big", svc).json()
+    assert w["status"] in ("queued", "running")  # requeued after the grace period; may be readmitted since
+    assert hub.api("DELETE", "workspaces/bob/big", svc).status_code == 200
+    assert hub.api("GET", "workspaces/bob/own", svc).json()["status"] == "running"  # untouched
+    assert hub.api("DELETE", "workspaces/bob/own", svc).status_code == 200
+
+
 def test_service_logged_no_errors(hub):
     """Runs last in this module: no cycle failed and no request hit a 500 in all of the above."""
     log = hub.service_log()
