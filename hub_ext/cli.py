@@ -60,6 +60,23 @@ def find_proxy(cwd: Path | None = None) -> str | None:
     return None
 
 
+def _configured_address(config: Path) -> tuple[str, int]:
+    """The public ip/port a jupyterhub_config.py sets (for the "is up" banner); defaults if unknown."""
+    from urllib.parse import urlsplit
+
+    try:
+        from traitlets.config.loader import PyFileConfigLoader
+
+        c = PyFileConfigLoader(config.name, path=str(config.parent)).load_config()
+        hub = c.JupyterHub
+        if "bind_url" in hub:
+            u = urlsplit(hub.bind_url)
+            return u.hostname or "127.0.0.1", u.port or 8000
+        return (hub.ip if "ip" in hub else "") or "127.0.0.1", int(hub.port) if "port" in hub else 8000
+    except Exception:  # the hub itself reports problems with the file
+        return "127.0.0.1", 8000
+
+
 def _local(ip: str) -> str:
     """An address to reach a server listening on ``ip`` from this machine."""
     if ip in ("", "0.0.0.0", "*"):
@@ -179,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
             cmd += ["--port", str(args.port)]
         if args.ip is not None:
             cmd += ["--ip", args.ip]
-        ip, port = args.ip or "127.0.0.1", args.port or 8000
+        cfg_ip, cfg_port = _configured_address(config)
+        ip, port = args.ip or cfg_ip, args.port or cfg_port
         return _run_hub(cmd, Path.cwd(), env, f"http://{_local(ip)}:{port}/hub/health",
                         f"\ngpupool hub is up: http://{ip}:{port}/\n")
 

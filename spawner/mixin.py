@@ -170,6 +170,17 @@ class GPUPoolSpawnerMixin(Spawner):
         GPUs that the scheduler gave to others.""",
     ).tag(config=True)
 
+    server_gpupool_url = Unicode(
+        help="""gpupool service URL given to servers as GPUPOOL_URL, so ``import gpupool`` in a notebook
+        finds the service (with the server's own JUPYTERHUB_API_TOKEN). Default: gpupool_url (right
+        for servers on the hub's machine); set the address servers reach it at otherwise, or "" to
+        leave GPUPOOL_URL unset. A GPUPOOL_URL in Spawner.environment wins.""",
+    ).tag(config=True)
+
+    @default("server_gpupool_url")
+    def _default_server_gpupool_url(self) -> str:
+        return self.gpupool_url
+
     gpupool_form_note = Unicode(
         "", help="A sentence shown at the top of the GPU options form (e.g. where to find help).",
     ).tag(config=True)
@@ -452,6 +463,8 @@ class GPUPoolSpawnerMixin(Spawner):
 
     def get_env(self) -> dict:
         env = super().get_env()
+        if self.server_gpupool_url and "GPUPOOL_URL" not in env:
+            env["GPUPOOL_URL"] = self.server_gpupool_url
         if self.gpu_env:
             env.update(self.gpu_env)
         elif self.hide_gpus_without_allocation:

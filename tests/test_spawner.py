@@ -130,13 +130,15 @@ c.LocalGPUSpawner.admission_poll_interval = 0.2
 c.LocalGPUSpawner.admission_timeout = 60
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
 c.Spawner.group_overrides = {{"impatient": {{"groups": ["impatient"],
-                                             "spawner_override": {{"admission_timeout": 2}}}}}}
+                                             "spawner_override": {{"admission_timeout": 2}}}},
+                              "broken": {{"groups": ["broken"],
+                                          "spawner_override": {{"cmd": ["/nonexistent/jupyterhub-singleuser"]}}}}}}
 """
     gp = {"nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi", "gpu_model": "L4"}],
-          "queues": [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice", "dave"], "groups": ["impatient"]},
+          "queues": [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice", "dave"], "groups": ["impatient", "broken"]},
                      {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob", "frank"]}]}
-    with Hub(tmp, gpupool=gp, users=["alice", "bob", "dave", "erin", "frank"], admins=["admin"],
-             groups={"impatient": ["erin"]}, extra_config=extra) as h:
+    with Hub(tmp, gpupool=gp, users=["alice", "bob", "dave", "erin", "frank", "gina"], admins=["admin"],
+             groups={"impatient": ["erin"], "broken": ["gina"]}, extra_config=extra) as h:
         yield h
 
 
@@ -229,6 +231,11 @@ def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
     assert a_env["CUDA_VISIBLE_DEVICES"] != b_env["CUDA_VISIBLE_DEVICES"]
     assert float(a_env["GPUPOOL_GPU_FRACTION"]) == 0.5
     assert a_env["HOME"].endswith("/home/alice") and os.path.isdir(a_env["HOME"])
+    # `import gpupool` in the server finds the service: GPUPOOL_URL + the server's own token
+    import requests
+    r = requests.get(a_env["GPUPOOL_URL"] + "api/v1/queues", timeout=10,
+                     headers={"Authorization": f"token {a_env['JUPYTERHUB_API_TOKEN']}"})
+    assert r.status_code == 200 and [q["name"] for q in r.json()["queues"] if q["may_submit"]] == ["vision"]
     # the hub remembers what was asked for
     assert _server(hub, "alice")["user_options"] == {"gpus": 0.5}
 
@@ -287,7 +294,24 @@ def test_admission_timeout_fails_cleanly_and_withdraws(hub):
     hub.wait_for(lambda: _server(hub, "erin") is None or not _server(hub, "erin").get("pending"), 10)
     assert _workspace(hub, "erin") is None  # the queued request was withdrawn
     assert "Traceback" not in hub.hub_log().split("erin")[-1][:2000]
+    # a queued start that the user cancels (DELETE while pending) withdraws its request too
+    _start(hub, "dave", {"gpus": 1}, expect=(202,))
+    hub.wait_for(lambda: (_workspace(hub, "dave") or {}).get("status") == "queued", 10)
+    r = hub.hub_api("DELETE", "users/dave/server", hub.admin_token)
+    assert r.status_code in (202, 204), r.text
+    hub.wait_for(lambda: _workspace(hub, "dave") is None, 10, message="cancelled request still queued")
+    hub.wait_for(lambda: _server(hub, "dave") is None, 20)
     _stop(hub, "alice")
+
+
+@pytest.mark.hub
+def test_server_that_fails_to_start_releases_its_gpus(hub):
+    # gina's servers cannot start (group override: a command that does not exist)
+    r = hub.hub_api("POST", "users/gina/server", hub.admin_token, json={"gpus": 1})
+    hub.wait_for(lambda: _server(hub, "gina") is None or not _server(hub, "gina").get("pending"), 30)
+    assert _server(hub, "gina") is None or not _server(hub, "gina").get("ready"), r.text
+    assert _workspace(hub, "gina") is None
+    assert "released workspace workspaces/gina" in hub.hub_log()
 
 
 @pytest.mark.hub
