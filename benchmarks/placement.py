@@ -95,6 +95,46 @@ def write_table(path: Path, rows: dict) -> None:
     path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
 
 
+def latency(policies, nodes: int = 1000, gpus: int = 8, pods: int = 2000) -> None:
+    """Microseconds per choose() on a synthetic cluster, half filled: the first call on a fresh
+    state (cold: builds the per-node tables) and the mean over a stream of placements (warm)."""
+    import numpy as np
+
+    from gpupool.scheduler.cluster import ClusterState, PodRequest
+    from gpupool.scheduler.model import NodeSpec
+
+    gi = 2**30
+    rng = np.random.default_rng(0)
+    specs = [NodeSpec(f"n{i:04d}", gpus, gpu_memory=80 * gi, gpu_model="H100" if i % 3 else "A100",
+                      cpu=128, memory=1024 * gi) for i in range(nodes)]
+    shapes = [(PodRequest(1, 1000, 0, 12000, 64 * gi), 0.4), (PodRequest(1, 500, 0, 4000, 16 * gi), 0.2),
+              (PodRequest(1, 250, 0, 2000, 8 * gi), 0.15), (PodRequest(2, 1000, 0, 24000, 128 * gi), 0.1),
+              (PodRequest(8, 1000, 0, 96000, 512 * gi), 0.05), (PodRequest(0, 0, 0, 8000, 32 * gi), 0.1)]
+    reqs = [shapes[i][0] for i in rng.choice(len(shapes), size=pods, p=[w for _, w in shapes])]
+    print(f"choose() latency, {nodes} nodes x {gpus} GPUs, {pods} placements:")
+    for name in policies:
+        state = ClusterState(specs)
+        pol = __import__("gpupool.scheduler.placement", fromlist=["make_policy"]).make_policy(name, shapes=shapes)
+        for r in reqs[: pods // 2]:  # half fill
+            c = pol.choose(state, r)
+            if c:
+                state.take(c[0], c[1], c[2], r.cpu_milli, r.memory)
+        fresh = state.copy()
+        fresh_pol = __import__("gpupool.scheduler.placement", fromlist=["make_policy"]).make_policy(name, shapes=shapes)
+        t = time.perf_counter()
+        fresh_pol.choose(fresh, reqs[0])
+        cold = time.perf_counter() - t
+        t = time.perf_counter()
+        n = 0
+        for r in reqs[pods // 2:]:
+            c = pol.choose(state, r)
+            n += 1
+            if c:
+                state.take(c[0], c[1], c[2], r.cpu_milli, r.memory)
+        warm = (time.perf_counter() - t) / n
+        print(f"  {name:<9} cold {cold * 1e6:8.0f} us   warm {warm * 1e6:6.0f} us/choose")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", nargs="+", default=["default"],
@@ -105,7 +145,11 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     ap.add_argument("--nodes", default=str(TRACES_DIR / "openb_node_list_gpu_node.csv"))
     ap.add_argument("--write", metavar="FILE", help="update the results table in FILE (e.g. docs/placement.md)")
+    ap.add_argument("--latency", action="store_true", help="only measure choose() latency on 1000 nodes x 8 GPUs")
     args = ap.parse_args(argv)
+    if args.latency:
+        latency(args.policy)
+        return 0
     traces = list(PAPER_TRACES) if args.trace == ["all"] else args.trace
     for t in traces:
         if not (TRACES_DIR / f"openb_pod_list_{t}.csv").exists():

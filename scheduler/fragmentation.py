@@ -73,9 +73,11 @@ class FragModel:
     GPUs, ``tot[n]`` its free milli, and ``version[n]`` changes whenever node n's row changed.
     """
 
-    def __init__(self, shapes: Sequence, use_memory: bool = False):
+    def __init__(self, shapes: Sequence, use_memory: bool = False, measure: str = "fgd"):
         self.shapes = normalise_shapes(shapes)
         self.use_memory = use_memory
+        self.measure = measure
+        self.beta = 1.0  # weight of GPU capacity stranded by CPU/memory (measure="hybrid")
         S = len(self.shapes)
         self.w = np.array([w for _, w, _ in self.shapes], dtype=np.float64)
         self.k = np.array([r.num_gpus for r, _, _ in self.shapes], dtype=np.int64)
@@ -111,6 +113,7 @@ class FragModel:
         self.tot = np.zeros(N, dtype=np.int64)
         self.cnt = np.zeros((N, self.S), dtype=np.int64)
         self.small = np.zeros((N, self.S), dtype=np.int64)
+        self.slots = np.zeros((N, self.S), dtype=np.int64)
         self.F = np.zeros(N, dtype=np.float64)
         self.version = np.zeros(N, dtype=np.int64)
         self._refresh(np.arange(N))
@@ -137,10 +140,11 @@ class FragModel:
             self.version[rows] = self._tick
 
     def _refresh(self, rows: np.ndarray) -> None:
-        tot, cnt, small, F = self.rows_frag(rows, self.gpu[rows], self.cpu[rows], self.memf[rows])
+        tot, cnt, small, slots, F = self.rows_frag(rows, self.gpu[rows], self.cpu[rows], self.memf[rows])
         self.tot[rows] = tot
         self.cnt[rows] = cnt
         self.small[rows] = small
+        self.slots[rows] = slots
         self.F[rows] = F
 
     # -- evaluation ------------------------------------------------------------------------------
@@ -152,10 +156,31 @@ class FragModel:
         tot = free.sum(axis=1)
         cnt = ge.sum(axis=2)
         small = tot[:, None] - (free[:, None, :] * ge).sum(axis=2)
-        F = self._combine(rows, tot, cnt, small, cpu, mem)
-        return tot, cnt, small, F
+        slots = (free[:, None, :] // np.maximum(m, 1)[:, :, None]).sum(axis=2) if self.measure != "fgd" else cnt
+        F = self._combine(rows, tot, cnt, small, cpu, mem, slots)
+        return tot, cnt, small, slots, F
 
-    def _combine(self, rows, tot, cnt, small, cpu, mem):
+    def _combine(self, rows, tot, cnt, small, cpu, mem, slots=None):
+        if self.measure == "hybrid":
+            # FGD's GPU fragments, plus GPU capacity that CPU or memory leaves stranded
+            k = np.maximum(self.k, 1)
+            qg = slots // k
+            q = np.minimum(qg, np.where(self.c > 0, cpu[:, None] // np.maximum(self.c, 1), qg))
+            if self.use_memory:
+                q = np.minimum(q, np.where(self.mem > 0, mem[:, None] // np.maximum(self.mem, 1), q))
+            ok = self.access[rows] & ~self.cpu_only & (q >= 1)
+            frag = np.where(ok, small + self.beta * (qg - q) * k * self.m[rows], tot[:, None])
+            return frag @ self.w
+        if self.measure == "pack":
+            # free milli that repeated pods of shape s could not use (GPU slots, CPU, memory)
+            k = np.maximum(self.k, 1)
+            q = slots // k
+            q = np.minimum(q, np.where(self.c > 0, cpu[:, None] // np.maximum(self.c, 1), q))
+            if self.use_memory:
+                q = np.minimum(q, np.where(self.mem > 0, mem[:, None] // np.maximum(self.mem, 1), q))
+            q = np.where(self.access[rows] & ~self.cpu_only, np.maximum(q, 0), 0)
+            frag = tot[:, None] - q * k * self.m[rows]
+            return frag @ self.w
         ok = self.access[rows] & (cnt >= self.k) & (cpu[:, None] >= self.c)
         if self.use_memory:
             ok &= mem[:, None] >= self.mem
@@ -170,7 +195,11 @@ class FragModel:
         cnt = self.cnt[rows] - (f >= m) + (f2 >= m)
         small = self.small[rows] - np.where(f < m, f, 0) + np.where(f2 < m, f2, 0)
         tot = self.tot[rows] - milli
-        return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)
+        slots = None
+        if self.measure != "fgd":
+            mm = np.maximum(m, 1)
+            slots = self.slots[rows] - f // mm + f2 // mm
+        return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory, slots)
 
     def after_whole(self, rows, k, cpu_milli, memory):
         """Fragmentation of nodes ``rows`` after taking ``k`` fully free GPUs (k may be 0: CPU only)."""
@@ -178,8 +207,11 @@ class FragModel:
         cnt = self.cnt[rows] - k * ((m >= 1) & (m <= MILLI))  # full GPUs stop counting
         small = self.small[rows] - k * MILLI * (m > MILLI)  # free 1000 -> 0 is 'small' for m >= 1
         tot = self.tot[rows] - k * MILLI
-        return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)
+        slots = None
+        if self.measure != "fgd":
+            slots = self.slots[rows] - k * (MILLI // np.maximum(m, 1))
+        return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory, slots)
 
     def after_rows(self, rows, free, cpu_milli, memory):
         """Fragmentation of nodes ``rows`` with explicit new GPU rows ``free`` (general case)."""
-        return self.rows_frag(rows, free, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)[3]
+        return self.rows_frag(rows, free, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)[-1]

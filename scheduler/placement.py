@@ -15,9 +15,9 @@ per node). ``choose`` never mutates ``state``; the caller applies the choice wit
 any); weights are relative arrival frequencies. ``typical_shapes()`` derives them from a list of
 requests the way the FGD paper does. Policies:
 
-* ``default``: what the live scheduler uses. Fragmentation gradient descent on exact (not
-  bucketed) scores with CPU- and memory-aware fragmentation, ties broken towards the node and GPU
-  that leave the least free capacity behind (packing); without shapes, a normalised best fit.
+* ``default``: what the live scheduler uses. FGD with memory-aware fragmentation, the paper's
+  coarse scores, ties to nodes already in use and then a fixed node order (consolidation); the
+  exact fragmentation decrease picks the GPU within a node. Without shapes: a normalised best fit.
 * ``fgd``: Fragmentation Gradient Descent as the paper's simulator scores it (integer scores
   ``int(100*sigmoid(delta/1000))``, random tie-breaks), the reference to beat.
 * ``bestfit``: the paper's BestFit baseline: ``1 - 0.5*cpu_free_after/128 cores
@@ -176,8 +176,8 @@ class _TieOrder:
     smallest name. (A fixed order packs ties onto the same nodes; a fresh coin per pod spreads
     them and loses several points of allocation.)"""
 
-    def __init__(self, rng: np.random.Generator):
-        self.rng = rng
+    def __init__(self, seed: int):
+        self.seed = seed
         self._names = None
         self.rank = None
 
@@ -186,7 +186,7 @@ class _TieOrder:
             names = [nd.name for nd in state.nodes]
             if self.rank is None or len(self.rank) != len(names) or self._key != names:
                 order = sorted(range(len(names)), key=names.__getitem__)
-                perm = self.rng.permutation(len(names))
+                perm = np.random.default_rng(self.seed).permutation(len(names))
                 self.rank = np.empty(len(names), dtype=np.int64)
                 self.rank[order] = perm
                 self._key = names
@@ -211,7 +211,7 @@ class BestFit:
     name = "bestfit"
 
     def __init__(self, shapes=(), seed: int = 0):
-        self.ties = _TieOrder(np.random.default_rng(seed))
+        self.ties = _TieOrder(seed)
 
     def choose(self, state, req, mask=None):
         ok, milli = feasible(state, req, mask)
@@ -236,7 +236,7 @@ class _FragPolicy:
     use_memory = False
 
     def __init__(self, shapes=(), seed: int = 0):
-        self.ties = _TieOrder(np.random.default_rng(seed))
+        self.ties = _TieOrder(seed)
         self.model = FragModel(shapes, use_memory=self.use_memory) if normalise_shapes(shapes) else None
         self.fallback = None if self.model is not None else self._fallback(seed)
         self._cache: dict = {}
@@ -351,51 +351,36 @@ class FGD(_FragPolicy):
 
 
 class DefaultPlacement(_FragPolicy):
-    """The live scheduler's policy (see module doc and docs/placement.md)."""
+    """The live scheduler's policy: FGD with memory-aware fragmentation, scored in the paper's
+    coarse buckets, ties to nodes already in use and then a fixed node order; within a node the
+    exact fragmentation decrease picks the GPU (then the tightest). See docs/placement.md."""
 
     name = "default"
     use_memory = True
-    TOL = 1e-6
+    threshold = 0.95  # the most frequent shapes covering this share of pods
+
+    def __init__(self, shapes=(), seed: int = 0):
+        super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
 
     def _fallback(self, seed):
         return NormalisedBestFit()
 
     def share_value(self, delta, free, milli):
-        # exact fragmentation decrease; among equals the tightest GPU
-        return delta - 1e-9 * free
+        return delta - 1e-9 * free  # exact decrease; among equals the tightest GPU
 
     def node_value(self, delta):
-        return delta
-
-    tol = 0.0  # fragmentation decreases within tol (milli-GPU) of the best count as equal
-    secondary = "pack"
-    bucket = 0.0
+        return np.trunc(_sigmoid(delta / 1000.0) * 100.0)
 
     def _select(self, state, req, idx, milli, e):
         val = e[2][idx]
-        if self.bucket == "sigmoid":
-            val = np.trunc(_sigmoid(val / 1000.0) * 100.0)
-        elif self.bucket:
-            val = np.floor(val / self.bucket)
-        best = val >= val.max() - self.tol - 1e-9 * max(1.0, abs(val.max()))
-        cand = idx[best]
+        cand = idx[val == val.max()]
         if cand.size == 1:
             return int(cand[0])
-        if self.secondary == "rank":
-            return int(cand[np.argmin(self.ties.get(state)[cand])])
-        if self.secondary == "used_first":
-            used = (state.gpu_free[cand].sum(axis=1) < state.num_gpus[cand] * MILLI) | (state.cpu_free[cand] < state.cpu_total[cand])
-            key = (~used).astype(np.int64) * (1 << 40) + self.ties.get(state)[cand]
-            return int(cand[np.argmin(key)])
-        if self.secondary in ("small_first", "big_first"):
-            sgn = 1 if self.secondary == "small_first" else -1
-            key = sgn * state.num_gpus[cand] * 100000 + self.ties.get(state)[cand]
-            return int(cand[np.argmin(key)])
-        if self.secondary == "index":
-            return int(cand[0])
-        sc = _packing_score(state, req, cand, milli)
-        best2 = cand[sc >= sc.max() - 1e-12]
-        return int(best2[np.argmin(self.ties.get(state)[best2])])
+        # consolidate: nodes already in use first, then a fixed (seeded) node order
+        unused = (state.gpu_free[cand].sum(axis=1) == state.num_gpus[cand] * MILLI) & \
+                 (state.cpu_free[cand] == state.cpu_total[cand]) & (state.mem_free[cand] == state.mem_total[cand])
+        key = unused.astype(np.int64) * (1 << 40) + self.ties.get(state)[cand]
+        return int(cand[np.argmin(key)])
 
 
 def _packing_score(state: ClusterState, req: PodRequest, cand: np.ndarray, milli: np.ndarray) -> np.ndarray:
