@@ -284,8 +284,8 @@ class GPUPoolSpawnerMixin(Spawner):
         except GPUPoolError as e:
             self.log.error("gpupool: cannot build the options form for %s: %s", self._log_name, e.message)
             return ('<div class="alert alert-danger" id="gpupool-unavailable">The GPU scheduler is not '
-                    'answering right now, so GPU workspaces cannot start. Please try again in a minute or '
-                    'tell your admin.</div>')
+                    'answering right now, so workspaces with GPUs cannot start. Start now for a workspace '
+                    'without GPU, or try again in a minute (tell your admin if it lasts).</div>')
         max_gpus, memory, model = self._limits_from_nodes(nodes)
         defaults = self.orm_spawner.user_options if getattr(self, "orm_spawner", None) else None
         return gpuform.render_form(queues=queues, fractions=self.gpu_fractions, max_gpus=max_gpus,
@@ -293,13 +293,26 @@ class GPUPoolSpawnerMixin(Spawner):
                                    note=self.gpupool_form_note)
 
     async def validate_gpu_options(self, user_options: dict) -> GPURequest:
-        """``user_options`` -> GPURequest, or SpawnException(400) naming the field."""
+        """``user_options`` -> GPURequest, or SpawnException(400) naming the field.
+
+        With the service unreachable, a request without GPUs is still accepted (a CPU-only server
+        needs no scheduler); one with GPUs fails with 503 and a message saying why."""
+        queues: list[str] | None
         try:
             nodes = await self.gpupool_nodes()
             queues = [q["name"] for q in await self.gpupool_queues()]
         except GPUPoolError as e:
-            raise _spawn_error(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
-                                 reason="gpupool-unavailable", status_code=503) from None
+            try:
+                cpu_only = not gpuform.parse_user_options(
+                    user_options, fractions=self.gpu_fractions, max_gpus=10**6, queues=None,
+                    default_gpus=self.default_gpus, extra_fields=self.extra_user_options).wants_gpu
+            except OptionError:
+                cpu_only = False
+            if not cpu_only:
+                raise _spawn_error(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",
+                                   reason="gpupool-unavailable", status_code=503) from None
+            self.log.warning("gpupool: %s; starting %s without GPUs anyway", e.message, self._log_name)
+            nodes, queues = [], None
         max_gpus, memory, _ = self._limits_from_nodes(nodes)
         try:
             return gpuform.parse_user_options(

@@ -389,3 +389,17 @@ def test_form_submission_starts_a_preemptible_fraction(hub):
     assert ws["preemptible"] is True and ws["allocation"][0]["fraction"] == 0.25
     assert _server(hub, "bob")["user_options"] == {"gpus": "0.25", "queue": "nlp", "preemptible": True}
     _stop(hub, "bob")
+
+
+@pytest.mark.hub
+def test_scheduler_down_gpu_start_fails_clearly_cpu_start_works(hub):
+    """Runs last in this module: it stops the gpupool service."""
+    hub.kill_service()
+    r = hub.hub_api("POST", "users/alice/server", hub.admin_token, json={"gpus": 1})
+    assert r.status_code == 503, r.text
+    assert "Cannot start: the GPU scheduler" in r.json()["message"] and "not reachable" in r.json()["message"]
+    hub.wait_for(lambda: _server(hub, "alice") is None, 10)
+    _start(hub, "alice", {"gpus": 0})
+    _wait_ready(hub, "alice")
+    assert _server_env(hub, "alice")["CUDA_VISIBLE_DEVICES"] == ""
+    _stop(hub, "alice")
