@@ -199,6 +199,8 @@ class JobView(_View):
         from gpupool.client.jobs import Job
         self.job = job if isinstance(job, Job) else Job(job, client=kw.get("client"))
         self.log_lines = log_lines
+        self._log_offset = 0
+        self._log_tail = ""
         self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop",
                                       layout=w.Layout(width="auto"))
         self.cancel_button.on_click(lambda _b: self._cancel())
@@ -209,14 +211,14 @@ class JobView(_View):
 
     def fetch(self):
         data = self.job.refresh().data
-        tail = None
         if self.log_lines:
-            try:
-                text = self.job.logs()
-                tail = "\n".join(text.splitlines()[-self.log_lines:])
+            try:  # only the new part of the log each time
+                text, self._log_offset = self.job.client.log(self.job.id, self._log_offset)
+                if text:
+                    self._log_tail = "".join((self._log_tail + text).splitlines(keepends=True)[-self.log_lines:])
             except Exception:
-                tail = None
-        return {"job": data, "log": tail}
+                pass
+        return {"job": data, "log": self._log_tail or None}
 
     def render(self, data):
         return render.job_html(data["job"], data.get("log"))
