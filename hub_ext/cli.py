@@ -77,6 +77,18 @@ def _configured_address(config: Path) -> tuple[str, int]:
         return "127.0.0.1", 8000
 
 
+def _port_free(ip: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((ip if ip not in ("", "*") else "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def _local(ip: str) -> str:
     """An address to reach a server listening on ``ip`` from this machine."""
     if ip in ("", "0.0.0.0", "*"):
@@ -91,10 +103,10 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> bool:
+def _wait_up(proc: subprocess.Popen, url: str, stopping: dict | None = None, timeout: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc.poll() is not None or (stopping and stopping.get("signal") is not None):
             return False
         try:  # through the proxy: 200 only once the hub's route is in place and the hub answers
             with urllib.request.urlopen(url, timeout=2) as resp:
@@ -132,24 +144,82 @@ def _stop_stray_proxy(cwd: Path) -> None:
         pass
 
 
-def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str | None) -> int:
-    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env)
-    stopping = {"signal": None}
+def stop_all_servers(hub_api: str, token: str, timeout: float = 60.0) -> None:
+    """Stop every single-user server through the hub's REST API and wait for them to be gone.
 
-    def forward(signum, frame):  # stop the hub gracefully: it stops the proxy, service and servers
-        stopping["signal"] = signum
+    JupyterHub's own shutdown stops its services *before* the servers, so the gpupool service
+    would never hear that their GPUs are free; stopping the servers first keeps its state clean."""
+    import json
+
+    headers = {"Authorization": f"token {token}"}
+
+    def call(method: str, path: str) -> tuple[int, object]:
+        req = urllib.request.Request(hub_api.rstrip("/") + path, method=method, headers=headers)
         try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                body = r.read()
+                return r.status, json.loads(body) if body else None
+        except urllib.error.HTTPError as e:
+            return e.code, None
+
+    def active() -> list[tuple[str, str]]:
+        status, users = call("GET", "/users?state=active")
+        if status != 200 or not isinstance(users, list):
+            return []
+        return [(u["name"], name) for u in users for name in (u.get("servers") or {})]
+
+    from urllib.parse import quote
+
+    servers = active()
+    if not servers:
+        return
+    print(f"gpupool hub: stopping {len(servers)} server(s) ...", file=sys.stderr, flush=True)
+    for user, name in servers:
+        path = f"/users/{quote(user, safe='')}/server" if not name else \
+            f"/users/{quote(user, safe='')}/servers/{quote(name, safe='')}"
+        call("DELETE", path)
+    deadline = time.monotonic() + timeout
+    while active() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str | None,
+             before_stop=None) -> int:
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env)
+    stopping: dict = {"signal": None, "sent": False}
+
+    def request_stop(signum, frame):  # handled in the loop below (no network calls in a handler)
+        if stopping["signal"] is not None and not stopping["sent"]:
+            stopping["sent"] = True  # a second Ctrl-C: stop the hub now
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        stopping["signal"] = signum
+
+    def stop_hub() -> None:
+        if stopping["sent"]:
+            return
+        stopping["sent"] = True
+        if before_stop is not None:
+            try:
+                before_stop()
+            except Exception as e:  # the hub's own shutdown still stops everything
+                print(f"gpupool hub: could not stop the servers first: {e}", file=sys.stderr)
+        try:  # the hub stops the proxy, the service and any server left
             proc.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if banner is not None and _wait_up(proc, health_url) and stopping["signal"] is None:
+        if banner is not None and _wait_up(proc, health_url, stopping) and stopping["signal"] is None:
             print(banner, flush=True)
         while True:
+            if stopping["signal"] is not None:
+                stop_hub()
             try:
-                rc = proc.wait(timeout=1)
+                rc = proc.wait(timeout=0.3)
                 break
             except subprocess.TimeoutExpired:
                 continue
@@ -214,11 +284,17 @@ def run(args: argparse.Namespace) -> int:
         gpus = "real" if has else "declared"
     opts = demo_config.DemoOptions(port=args.port or 8000, ip=args.ip or "127.0.0.1", gpus=gpus,
                                    proxy_command=proxy)
+    busy = [p for p in range(opts.port, opts.port + 4) if not _port_free(opts.ip, p)]
+    if busy:
+        return _fail(f"port {busy[0]} on {opts.ip} is in use (the demo needs ports {opts.port}-{opts.port + 3}); "
+                     f"is another hub running? Try --port {opts.port + 10}")
     root = Path(args.dir or demo_config.DEMO_DIR)
     try:
         config = demo_config.write_demo(root, opts)
     except OSError as e:
         return _fail(f"cannot write the demo into {root}: {e}")
     print(f"gpupool hub: demo config written to {config}", flush=True)
+    hub_api = f"http://127.0.0.1:{opts.hub_port}/hub/api"
     return _run_hub([jupyterhub, "-f", str(config)], config.parent, env,
-                    f"http://{_local(opts.ip)}:{opts.port}/hub/health", demo_config.banner(opts))
+                    f"http://{_local(opts.ip)}:{opts.port}/hub/health", demo_config.banner(opts),
+                    before_stop=lambda: stop_all_servers(hub_api, opts.control_token))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class DemoOptions:
     proxy_command: str = "configurable-http-proxy"
     singleuser: str = ""  # path of jupyterhub-singleuser; default: next to this Python
     admission_timeout: float = 600.0
+    control_token: str = field(default_factory=lambda: secrets.token_hex(32))  # the CLI stops servers with it
     extra: dict = field(default_factory=dict)
 
     @property
@@ -130,6 +132,11 @@ c.LocalGPUSpawner.home_skeleton = os.path.join(ROOT, "skel")
 c.LocalGPUSpawner.admission_timeout = {opts.admission_timeout!r}
 # show the spawn page with its progress (the queue position) after 1 s instead of 10
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 1}}
+
+# -- `gpupool hub` stops every server through this token before the hub shuts down -------------
+c.JupyterHub.services = [{{"name": "gpupool-demo-control", "api_token": {opts.control_token!r}}}]
+c.JupyterHub.load_roles = [{{"name": "gpupool-demo-control", "scopes": ["list:users", "read:servers", "servers"],
+                            "services": ["gpupool-demo-control"]}}]
 
 # -- the gpupool service: queues and GPUs --------------------------------------------------------
 c.GPUPool.port = {opts.service_port}

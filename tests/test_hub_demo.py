@@ -65,6 +65,13 @@ def _alive(pid: int) -> bool:
 
 
 def test_cli_errors_are_messages(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run([GPUPOOL, "hub", "--demo", "--port", str(port)], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60)
+    assert res.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in res.stderr, res.stderr
     res = subprocess.run([GPUPOOL, "hub"], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 2 and "give --demo" in res.stderr and "Traceback" not in res.stderr
     res = subprocess.run([GPUPOOL, "hub", "--config", "nope.py"], capture_output=True, text=True, cwd=tmp_path)
@@ -120,6 +127,18 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
                        timeout=30)
             assert r.status_code == 200 and r.url.endswith("/hub/spawn"), r.url
             assert 'name="gpus"' in r.text and 'option value="vision"' in r.text  # the GPU options form
+            # alice starts a server with a GPU (it runs when the demo is stopped)
+            xsrf = s.cookies.get("_xsrf", path="/hub/")
+            r = s.post(f"{base}/hub/spawn", data={"gpus": "1", "queue": "vision", "_xsrf": xsrf},
+                       allow_redirects=False)
+            assert r.status_code == 302, r.text[:300]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                me = s.get(f"{base}/hub/api/users/alice", headers={"X-XSRFToken": xsrf}).json()
+                if (me["servers"].get("") or {}).get("ready"):
+                    break
+                time.sleep(0.5)
+            assert (me["servers"].get("") or {}).get("ready"), me
         # the demo's files are where the docs say, with the example notebook in every home
         demo = tmp_path / ".gpupool-demo"
         assert (demo / "jupyterhub_config.py").is_file()
@@ -149,3 +168,6 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         log.close()
     assert rc == 0, tail
     assert not leftovers, f"processes left running: {leftovers}\n{tail}"
+    # servers were stopped before the service, so alice's GPU was released, not left allocated
+    assert "stopping 1 server(s)" in tail and "could not release" not in tail, tail
+    assert "released workspace workspaces/alice" in tail, tail
