@@ -113,7 +113,7 @@ def parse_user_options(options: Any, *, fractions: Sequence[float] = (0.25, 0.5)
         if key not in allowed:
             raise OptionError(str(key), f"unknown option (allowed: {', '.join(sorted(allowed))})")
 
-    gpus: float = default_gpus
+    gpus: float = default_gpus if max_gpus > 0 else 0.0
     gpu_memory = 0
     raw_mem = options.get("gpu_memory")
     if isinstance(raw_mem, str) and not raw_mem.strip():
@@ -125,6 +125,8 @@ def parse_user_options(options: Any, *, fractions: Sequence[float] = (0.25, 0.5)
             raise OptionError("gpu_memory", str(e)) from None
         if gpu_memory <= 0:
             raise OptionError("gpu_memory", "must be more than 0, e.g. 20Gi")
+        if max_gpus <= 0:
+            raise OptionError("gpu_memory", "this hub has no GPUs; start without a GPU")
         if max_gpu_memory and gpu_memory > max_gpu_memory:
             raise OptionError("gpu_memory", f"{format_bytes(gpu_memory)} is more than one GPU has "
                                             f"({format_bytes(max_gpu_memory)}); ask for whole GPUs instead")
@@ -141,6 +143,8 @@ def parse_user_options(options: Any, *, fractions: Sequence[float] = (0.25, 0.5)
             raise OptionError("gpus", "must be 0 or more")
         if gpu_memory and gpus > 0:
             raise OptionError("gpu_memory", "give either gpus or gpu_memory, not both")
+        if gpus > 0 and max_gpus <= 0:
+            raise OptionError("gpus", "this hub has no GPUs; start without a GPU (gpus: 0)")
         if 0 < gpus < 1 and not any(abs(gpus - f) < 1e-9 for f in fractions):
             raise OptionError("gpus", f"{gpus:g} is not offered; choose {_choices_text(fractions, max_gpus)}")
         if gpus >= 1 and gpus != int(gpus):
@@ -205,7 +209,8 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
     e = html.escape
     cur_gpus = str(d.get("gpus", "0"))
     gpu_opts = [("0", "No GPU (CPU only)")]
-    gpu_opts += [(f"{f:g}", f"{f:g} GPU ({_fraction_label(f)} of one, shared)") for f in fractions]
+    if max_gpus > 0:
+        gpu_opts += [(f"{f:g}", f"{f:g} GPU ({_fraction_label(f)} of one, shared)") for f in fractions]
     gpu_opts += [(str(n), f"{n} GPU" + ("s" if n > 1 else "")) for n in range(1, max_gpus + 1)]
     try:
         cur = f"{float(cur_gpus):g}"

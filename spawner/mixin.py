@@ -144,7 +144,7 @@ class GPUPoolSpawnerMixin(Spawner):
     max_gpus = Integer(
         0,
         help="""Most whole GPUs one workspace may ask for. 0 = the largest node's GPU count
-        (from the service's GET nodes; 8 if the service does not say).""",
+        (from the service's GET nodes).""",
     ).tag(config=True)
 
     default_gpus = Float(
@@ -270,9 +270,9 @@ class GPUPoolSpawnerMixin(Spawner):
 
     def _limits_from_nodes(self, nodes: list[dict]) -> tuple[int, int, str]:
         max_gpus = self.max_gpus
-        if not max_gpus:
+        if not max_gpus:  # the largest node; 0 when the pool has no GPU at all
             counts = [len(n.get("gpus") or []) for n in nodes if n.get("schedulable", True)]
-            max_gpus = max(counts) if counts and max(counts) > 0 else 8
+            max_gpus = max(counts) if counts else 0
         mems = [int(n.get("gpu_memory") or 0) for n in nodes]
         models = sorted({n.get("gpu_model") or "" for n in nodes} - {""})
         return max_gpus, max(mems) if mems else 0, "/".join(models)

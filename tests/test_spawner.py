@@ -66,6 +66,16 @@ def test_no_queue_at_all():
     assert parse({"gpus": 0}, queues=[]).queue is None
 
 
+def test_pool_without_gpus():
+    assert parse({}, max_gpus=0, default_gpus=1).gpus == 0
+    with pytest.raises(OptionError, match="this hub has no GPUs"):
+        parse({"gpus": 0.5}, max_gpus=0)
+    with pytest.raises(OptionError, match="this hub has no GPUs"):
+        parse({"gpu_memory": "1Gi"}, max_gpus=0)
+    html = render_form(queues=[], max_gpus=0)
+    assert 'value="0.25"' not in html and 'value="1"' not in html
+
+
 def test_extra_fields_allowed_when_declared():
     assert parse({"gpus": 1, "image": "x"}, extra_fields=["image"]).gpus == 1
     with pytest.raises(OptionError):
