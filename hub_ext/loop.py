@@ -90,6 +90,8 @@ class SchedulerLoop:
         self.scheduler = Scheduler(SchedulerConfig(min_runtime=self.pool.min_runtime,
                                                    preemption_grace=self.pool.preemption_grace,
                                                    placement=self.pool.placement))
+        # run ids must be unique on the machine (another hub's j-000001 is not ours): job root digest
+        self.instance = hashlib.sha256(os.path.realpath(self.pool.job_root).encode()).hexdigest()[:10]
         self.nodes = {n.name: n for n in settings.nodes}
         self.queue_specs = {q.name: q for q in settings.queues}
         self.state = LoopState()
@@ -187,7 +189,7 @@ class SchedulerLoop:
         run_as = None
         if self.pool.run_as_user and os.geteuid() == 0:
             run_as = row.user
-        return JobSpec(job_id=jid, run_id=f"{jid}.{row.attempt}", attempt=row.attempt, user=row.user,
+        return JobSpec(job_id=jid, run_id=f"{jid}.{row.attempt}.{self.instance}", attempt=row.attempt, user=row.user,
                        notebook=os.path.join(jdir, "input.ipynb"), output=os.path.join(jdir, "output.ipynb"),
                        log=os.path.join(jdir, "log.txt"), parameters=row.parameters or {},
                        workdir=self.workdir(row.user), job_dir=jdir, checkpoint_dir=ckpt,

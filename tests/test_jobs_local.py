@@ -44,7 +44,7 @@ def test_borrow_then_reclaim_checkpoints_requeues_and_resumes(hub):
     for i in range(2):
         r = hub.api("POST", "jobs", bob, json={
             "notebook": "train_checkpoint.ipynb", "gpus": 1, "name": f"bob-{i}",
-            "parameters": {"steps": 40, "step_seconds": 0.25, "steps_file": f"steps-{i}.txt"}})
+            "parameters": {"steps": 30, "step_seconds": 0.25, "steps_file": f"steps-{i}.txt"}})
         assert r.status_code == 201, r.text
         jobs.append(r.json()["id"])
     running = [hub.wait_job(bob, j, {"running"}, 60) for j in jobs]
@@ -74,11 +74,11 @@ def test_borrow_then_reclaim_checkpoints_requeues_and_resumes(hub):
     other = next(f for f in finals if f["id"] != victim["id"])
     assert v["preemptions"] == 1 and v["attempts"] == 2, v
     assert other["preemptions"] == 0 and other["attempts"] == 1
-    assert v["checkpoint"]["latest"].endswith("ckpt-000040.pkl")
+    assert v["checkpoint"]["latest"].endswith("ckpt-000030.pkl")
     # from the job's own record: every step ran exactly once; attempt 2 began where attempt 1 saved
     i = jobs.index(v["id"])
     record = steps_of(hub.home("bob") / f"steps-{i}.txt")
-    assert [s for _, s in record] == list(range(40)), record
+    assert [s for _, s in record] == list(range(30)), record
     first = [s for a, s in record if a == 1]
     second = [s for a, s in record if a == 2]
     assert first and second and second[0] == first[-1] + 1
@@ -86,7 +86,7 @@ def test_borrow_then_reclaim_checkpoints_requeues_and_resumes(hub):
     assert f"asked to stop (preempted" in log  # it learned of the stop request and saved on its own
     assert f"attempt 2: starting at step {second[0]} (resumed from ckpt-{second[0]:06d}.pkl)" in log
     out = json.dumps(hub.api("GET", f"jobs/{v['id']}/output", bob).json())
-    assert f"attempt 2: starting at step {second[0]}" in out and "finished 40 steps" in out
+    assert f"attempt 2: starting at step {second[0]}" in out and "finished 30 steps" in out
 
 
 ENV_DUMP = """
@@ -99,9 +99,12 @@ print("CWD=" + os.getcwd(), flush=True)
 """
 
 
-def _env_of(hub, token, body):
-    r = hub.api("POST", "jobs", token, json={"notebook_content": notebook(ENV_DUMP), **body})
-    job = hub.wait_job(token, r.json()["id"], {"succeeded", "failed"}, 90)
+def _submit_env(hub, token, body):
+    return hub.api("POST", "jobs", token, json={"notebook_content": notebook(ENV_DUMP), **body}).json()["id"]
+
+
+def _env_of(hub, token, job_id):
+    job = hub.wait_job(token, job_id, {"succeeded", "failed"}, 90)
     assert job["status"] == "succeeded", job
     log = hub.api("GET", f"jobs/{job['id']}/log", token).text
     env = json.loads(re.search(r"ENV=(\{.*\})", log).group(1))
@@ -111,7 +114,9 @@ def _env_of(hub, token, body):
 
 def test_job_environment_gpu_share_cpu_only_and_working_dir(hub):
     alice = hub.token("alice")
-    job, env, cwd = _env_of(hub, alice, {"gpu_memory": "4Gi", "kind": "inference"})
+    shared = _submit_env(hub, alice, {"gpu_memory": "4Gi", "kind": "inference"})
+    cpu_only = _submit_env(hub, alice, {})
+    job, env, cwd = _env_of(hub, alice, shared)
     assert env["GPUPOOL_GPU_FRACTION"] == "0.25" and env["GPUPOOL_GPU_MEMORY_LIMIT"] == str(4 * 2**30)
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
@@ -119,7 +124,7 @@ def test_job_environment_gpu_share_cpu_only_and_working_dir(hub):
     assert env["GPUPOOL_CHECKPOINT_DIR"].endswith(f"{job['id']}/checkpoints")
     assert env["JUPYTERHUB_API_TOKEN"] is None  # the service's own token never leaks into jobs
     assert cwd == str(hub.home("alice"))
-    _, env, _ = _env_of(hub, alice, {})  # CPU only: no GPU visible
+    _, env, _ = _env_of(hub, alice, cpu_only)  # CPU only: no GPU visible
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["GPUPOOL_GPU_FRACTION"] == "0"
 
 
@@ -203,7 +208,7 @@ async def test_gpu_memory_enforcement_reports_then_stops(tmp_path):
         assert r.status == "failed" and "more than its share of 8Gi" in r.reason and "memory_enforcement" in r.reason
         assert r.allocation is None and not backend.pids(handle)
     finally:
-        for pid in backend.pids(row().handle or {"run_id": f"{job.public_id}.1"}):
+        for pid in backend.pids(row().handle or {"run_id": f"{job.public_id}.1.{loop.instance}"}):
             import os
             import signal
             os.kill(pid, signal.SIGKILL)

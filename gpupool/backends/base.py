@@ -44,7 +44,7 @@ class JobSpec:
     """Everything a backend needs to start one attempt of a job."""
 
     job_id: str  # "j-000042"
-    run_id: str  # "j-000042.3": job id + attempt
+    run_id: str  # "j-000042.3.<instance>": job id + attempt + this service's id (unique on the machine)
     attempt: int
     user: str
     notebook: str  # the submitted notebook (a copy kept in job_dir)
