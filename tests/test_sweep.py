@@ -84,7 +84,7 @@ def test_sweep_finds_the_optimum_and_resumes_after_a_restart(alice, tmp_path):
     storage = tmp_path / "sweeps.db"
     kw = dict(space={"x": gpupool.choice(0.0, 1.0, 2.5, 3.0, 4.0, 6.0)}, objective="score", direction="maximize",
               trials=4, parallel=2, gpus=0.25, sampler="random", seed=7, pruner=None, name="resume-me",
-              storage=storage, parameters={"steps": 2, "pause": 2.0, "slow_below": 100}, poll=0.5, client=alice)
+              storage=storage, parameters={"steps": 2, "pause": 1.0, "slow_below": 100}, poll=0.5, client=alice)
     first = gpupool.sweep("quad.ipynb", **kw)
     deadline = time.time() + 60
     while len(first._active) < 2 and time.time() < deadline:
