@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import html
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 E = html.escape
 
