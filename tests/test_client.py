@@ -277,3 +277,11 @@ def test_single_user_server_environment_finds_the_service(hub, monkeypatch, tmp_
     c = api.Client.from_env()
     assert c.url == hub.proxy_api_url and c.url_source == "JUPYTERHUB_PUBLIC_HUB_URL"
     assert any(q["name"] == "vision" for q in c.queues())
+    # what the gpupool spawner adds: GPUPOOL_URL (the service's own address), the token stays the server's
+    monkeypatch.setenv("JUPYTERHUB_PUBLIC_HUB_URL", "")
+    monkeypatch.setenv("GPUPOOL_URL", hub.service_url)
+    c = api.Client.from_env()
+    assert c.url == hub.api_url and c.url_source == "GPUPOOL_URL"
+    job = gpupool.submit("tiny.ipynb", gpus=0.25, client=c)
+    assert job.data["user"] == "alice"
+    job.cancel()
