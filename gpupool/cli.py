@@ -29,8 +29,25 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Options every client subcommand takes; accepted before the command too (`gpupool --url U list`).
+GLOBAL_OPTIONS = {"--url": True, "--token": True, "--json": False}
+
+
+def _hoist_globals(argv: list[str]) -> list[str]:
+    """Move global options written before the subcommand to just after it."""
+    lead: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].split("=", 1)[0] in GLOBAL_OPTIONS:
+        takes_value = GLOBAL_OPTIONS[argv[i].split("=", 1)[0]] and "=" not in argv[i]
+        lead.extend(argv[i:i + 1 + takes_value])
+        i += 1 + takes_value
+    if not lead or i >= len(argv):
+        return argv
+    return [argv[i], *lead, *argv[i + 1:]]
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = _hoist_globals(sys.argv[1:] if argv is None else list(argv))
     first = next((a for a in argv if not a.startswith("-")), None)
     known = {c for cmds in COMMAND_MODULES.values() for c in cmds}
     parser = build_parser(first if first in known else None)
