@@ -176,6 +176,18 @@ async def _async(v):
     return v
 
 
+async def test_a_pod_the_watch_has_not_shown_yet_is_not_lost(backend, kube, tmp_path):
+    """Right after start (or after a relist) the watch may not have shown the pod: poll reads it
+    from the API instead of declaring the run lost (which would requeue a running job)."""
+    await backend._jobs.stop()  # the watch sees nothing from now on
+    handle = await backend.start(job_spec(tmp_path))
+    backend._jobs.items.clear()
+    assert (await backend.poll(handle)).state == RUNNING
+    kube.delete_pod(handle["pod"], "jobs")  # gone behind our back: the API says 404
+    st = await backend.poll(handle)
+    assert st.state == LOST and "gone" in st.detail
+
+
 async def test_fraction_pod_pinned_to_gpu_uuid(backend, kube, tmp_path):
     spec = job_spec(tmp_path, placements=[{"pod": 0, "node": "n1", "gpus": [2], "fraction": 0.5}])
     handle = await backend.start(spec)
@@ -214,7 +226,10 @@ async def test_preemption_checkpoint_requeue_and_resume(backend, kube, tmp_path)
 
 
 async def _poll_is(backend, handle, state):
+    """The run's state once it is ``state`` (RUNNING: its container runs, not just created)."""
     st = await backend.poll(handle)
+    if state == RUNNING and st.detail:
+        return None
     return st if st.state == state else None
 
 
@@ -447,7 +462,9 @@ def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
     victim = hub.wait_for(preempted, 30, 0.1, message="no job of bob's was preempted")
     assert hub.wait_job(alice, mine, {"succeeded", "failed"}, 120)["status"] == "succeeded"
     finals = [hub.wait_job(bob, j, {"succeeded", "failed"}, 150) for j in jobs]
-    assert [f["status"] for f in finals] == ["succeeded", "succeeded"], finals
+    assert [f["status"] for f in finals] == ["succeeded", "succeeded"], [
+        (f["id"], f["status"], f["reason"], f["attempts"], hub.api("GET", f"jobs/{f['id']}/log", bob).text[-3000:])
+        for f in finals]
     v = next(f for f in finals if f["id"] == victim["id"])
     assert v["preemptions"] == 1 and v["attempts"] == 2, v
     # preemption deleted the victim's pod with the grace period (10 s grace + 2 s kill_after)

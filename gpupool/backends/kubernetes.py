@@ -535,6 +535,7 @@ class KubeJobBackend(JobBackend):
         self._stopping: set[str] = set()  # run ids asked to stop
         self._last: dict[str, dict] = {}  # run id -> last pod state seen
         self._pending_since: dict[str, float] = {}
+        self._gone: set[str] = set()  # uids of pods the watch saw deleted
         if self.kube.discovery not in ("kubernetes", "declared"):
             raise ValueError(f"c.GPUPoolKubernetes.discovery: {self.kube.discovery!r} is neither 'kubernetes' nor 'declared'")
         if self.kube.discovery == "kubernetes" and settings is not None and isinstance(getattr(settings, "nodes", None), list):
@@ -579,6 +580,8 @@ class KubeJobBackend(JobBackend):
         run = (pod.get("metadata", {}).get("annotations") or {}).get(f"{km.GROUP}/run-id")
         if run:
             self._last[run] = pod
+            if kind == "DELETED":
+                self._gone.add(pod.get("metadata", {}).get("uid"))
 
     # -- inventory for the service ---------------------------------------------------------------
     def nodes(self) -> list[NodeSpec] | None:
@@ -714,12 +717,17 @@ class KubeJobBackend(JobBackend):
                 return None
             raise
 
-    def _current(self, handle: dict) -> dict | None:
-        """The run's pod as the watch last saw it (None: gone)."""
-        if self._jobs is None:
+    async def _current(self, handle: dict) -> dict | None:
+        """The run's pod as the watch last saw it; None when it is gone. A pod the watch has not
+        shown yet (just created) or lost track of (a relist in between) is read from the API."""
+        uid = handle.get("uid")
+        pod = self._jobs.items.get((handle.get("namespace", self.namespace), handle.get("pod"))) if self._jobs else None
+        if pod is not None and (not uid or pod.get("metadata", {}).get("uid") == uid):
+            return pod
+        if uid and uid in self._gone:
             return None
-        pod = self._jobs.items.get((handle.get("namespace", self.namespace), handle.get("pod")))
-        if pod is not None and handle.get("uid") and pod.get("metadata", {}).get("uid") != handle.get("uid"):
+        pod = await self._read_pod(handle.get("pod"))
+        if pod is not None and uid and pod.get("metadata", {}).get("uid") != uid:
             return None  # a different pod of the same name
         return pod
 
@@ -760,7 +768,7 @@ class KubeJobBackend(JobBackend):
 
     async def poll(self, handle: dict) -> RunState:
         await self.start_watching()
-        pod = self._current(handle)
+        pod = await self._current(handle)
         state = self._state_of(handle, pod)
         if state.state == EXITED and pod is not None and self.kube.delete_finished_pods:
             await self._delete(handle.get("pod"), 0)
