@@ -223,15 +223,33 @@ def _progress_events(hub, user, until, timeout=30):
     return events
 
 
+def _login(hub, user):
+    import requests
+
+    s = requests.Session()
+    s.get(hub.hub_url + "hub/login")
+    r = s.post(hub.hub_url + "hub/login",
+               data={"username": user, "password": "x", "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+    assert r.status_code == 200, r.text[:500]
+    return s
+
+
 @pytest.mark.hub
 def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
-    _start(hub, "alice", {"gpus": 0.5})
+    # alice through the spawn form (a preemptible half GPU), bob through the REST API (a whole GPU)
+    s = _login(hub, "alice")
+    s.get(hub.hub_url + "hub/spawn")
+    xsrf = s.cookies.get("_xsrf", path="/hub/")  # the logged-in session's token
+    r = s.post(hub.hub_url + "hub/spawn", data={"gpus": "0.5", "queue": "vision", "preemptible": "on",
+                                                 "gpu_memory": "", "_xsrf": xsrf}, allow_redirects=False)
+    assert r.status_code == 302, r.text[:500]
     _start(hub, "bob", {"gpus": 1, "queue": "nlp"})
     _wait_ready(hub, "alice")
     _wait_ready(hub, "bob")
     a_env, b_env = _server_env(hub, "alice"), _server_env(hub, "bob")
     a_ws, b_ws = _workspace(hub, "alice"), _workspace(hub, "bob")
-    assert a_ws["status"] == "running" and a_ws["queue"] == "vision" and a_ws["preemptible"] is False
+    assert a_ws["status"] == "running" and a_ws["queue"] == "vision" and a_ws["preemptible"] is True
+    assert b_ws["preemptible"] is False  # workspaces are non-preemptible unless asked
     [a_alloc] = a_ws["allocation"]
     [b_alloc] = b_ws["allocation"]
     assert a_alloc["fraction"] == 0.5 and len(a_alloc["gpus"]) == 1
@@ -247,7 +265,8 @@ def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
                      headers={"Authorization": f"token {a_env['JUPYTERHUB_API_TOKEN']}"})
     assert r.status_code == 200 and [q["name"] for q in r.json()["queues"] if q["may_submit"]] == ["vision"]
     # the hub remembers what was asked for
-    assert _server(hub, "alice")["user_options"] == {"gpus": 0.5}
+    assert _server(hub, "alice")["user_options"] == {"gpus": "0.5", "queue": "vision", "preemptible": True}
+    assert b_env["CUDA_VISIBLE_DEVICES"] != "" and "GPUPOOL_GPU_FRACTION" in b_env
 
     # stopping frees the GPUs at once: by the time the hub answers, the workspace is gone
     r = hub.hub_api("DELETE", "users/alice/server", hub.admin_token)
@@ -259,15 +278,6 @@ def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
     assert gpus[a_alloc["gpus"][0]]["allocated"] == 0
     _stop(hub, "bob")
     assert _workspace(hub, "bob") is None
-
-
-@pytest.mark.hub
-def test_cpu_only_server_skips_the_queue_and_sees_no_gpu(hub):
-    _start(hub, "alice", {"gpus": 0})
-    _wait_ready(hub, "alice")
-    assert _server_env(hub, "alice")["CUDA_VISIBLE_DEVICES"] == ""
-    assert _workspace(hub, "alice") is None
-    _stop(hub, "alice")
 
 
 @pytest.mark.hub
@@ -361,15 +371,8 @@ def test_bad_user_options_are_400_with_the_reason(hub, options, words):
 
 @pytest.mark.hub
 def test_options_form_lists_the_users_queues(hub):
-    import requests
-
     def page(user):
-        s = requests.Session()
-        s.get(hub.hub_url + "hub/login")
-        xsrf = s.cookies.get("_xsrf", path="/hub/")
-        r = s.post(hub.hub_url + "hub/login", data={"username": user, "password": "x", "_xsrf": xsrf})
-        assert r.status_code == 200, r.text[:500]
-        r = s.get(hub.hub_url + "hub/spawn")
+        r = _login(hub, user).get(hub.hub_url + "hub/spawn")
         assert r.status_code == 200
         return r.text
 
@@ -379,26 +382,6 @@ def test_options_form_lists_the_users_queues(hub):
     assert "each GPU has 24Gi (L4)" in alice and 'name="preemptible"' in alice
     admin = page("admin")  # hub admins may use every queue
     assert 'option value="vision"' in admin and 'option value="nlp"' in admin
-
-
-@pytest.mark.hub
-def test_form_submission_starts_a_preemptible_fraction(hub):
-    import requests
-
-    s = requests.Session()
-    s.get(hub.hub_url + "hub/login")
-    xsrf = s.cookies.get("_xsrf", path="/hub/")
-    s.post(hub.hub_url + "hub/login", data={"username": "bob", "password": "x", "_xsrf": xsrf})
-    s.get(hub.hub_url + "hub/spawn")
-    xsrf = s.cookies.get("_xsrf", path="/hub/")  # the logged-in session's token
-    r = s.post(hub.hub_url + "hub/spawn", data={"gpus": "0.25", "queue": "nlp", "preemptible": "on",
-                                                 "gpu_memory": "", "_xsrf": xsrf}, allow_redirects=False)
-    assert r.status_code == 302, r.text[:500]
-    _wait_ready(hub, "bob")
-    ws = _workspace(hub, "bob")
-    assert ws["preemptible"] is True and ws["allocation"][0]["fraction"] == 0.25
-    assert _server(hub, "bob")["user_options"] == {"gpus": "0.25", "queue": "nlp", "preemptible": True}
-    _stop(hub, "bob")
 
 
 @pytest.mark.hub
