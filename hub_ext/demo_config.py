@@ -18,7 +18,6 @@ directory to start over.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import sys
@@ -77,12 +76,13 @@ def _example_notebook() -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
-def nodes_for(gpus: str) -> list[dict] | None:
-    """Node entries for ``c.GPUPool.nodes``: this machine's GPUs (NVML) or the declared demo nodes."""
+def nodes_for(gpus: str, nvml_module=None) -> list[dict]:
+    """Node entries for ``c.GPUPool.nodes``: this machine's GPUs (NVML) or the declared demo nodes.
+    ``nvml_module``: the pynvml module to use (default: the real one)."""
     if gpus == "real":
         from ..backends import nvml
 
-        found = nvml.discover_nodes()
+        found = nvml.discover_nodes(nvml=nvml_module)
         return [{"name": n.name, "gpus": n.gpus, "gpu_memory": n.gpu_memory, "gpu_model": n.gpu_model}
                 for n in found]
     return DEMO_NODES
@@ -140,8 +140,8 @@ c.JupyterHub.load_roles = [{{"name": "gpupool-demo-control", "scopes": ["list:us
 
 # -- the gpupool service: queues and GPUs --------------------------------------------------------
 c.GPUPool.port = {opts.service_port}
-c.GPUPool.queues = {json.dumps(DEMO_QUEUES)}
-c.GPUPool.nodes = {json.dumps(settings["nodes"])}
+c.GPUPool.queues = {DEMO_QUEUES!r}
+c.GPUPool.nodes = {settings["nodes"]!r}
 c.GPUPool.run_as_user = False  # demo users have no system accounts
 c.GPUPool.work_dir = os.path.join(ROOT, "homes", "{{user}}")
 c.GPUPool.db_url = "sqlite:///" + os.path.join(ROOT, "gpupool.sqlite")

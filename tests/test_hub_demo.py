@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 
 
@@ -62,6 +63,28 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_demo_config_declared_and_real_gpus(tmp_path):
+    from gpupool.hub_ext import demo_config
+    from gpupool.hub_ext.config import load
+    from test_nvml import FakeNVML, device
+    from traitlets.config.loader import PyFileConfigLoader
+
+    assert demo_config.nodes_for("declared") == demo_config.DEMO_NODES
+    # with GPUs found by NVML (a stand-in for the pynvml library: no GPU on this machine)
+    real = demo_config.nodes_for("real", FakeNVML([device(0, "NVIDIA L4", 24 * 2**30), device(1, "NVIDIA L4", 24 * 2**30)]))
+    assert real == [{"name": socket.gethostname(), "gpus": 2, "gpu_memory": 24 * 2**30, "gpu_model": "NVIDIA L4"}]
+    # the written config is valid Python that JupyterHub and the gpupool service accept
+    path = demo_config.write_demo(tmp_path / ".gpupool-demo", demo_config.DemoOptions(port=18950))
+    cfg = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    assert cfg.JupyterHub.port == 18950 and cfg.GPUPool.port == 18953
+    assert cfg.JupyterHub.spawner_class == "gpupool.spawner.LocalGPUSpawner"
+    assert cfg.JupyterHub.tornado_settings["slow_spawn_timeout"] == 1
+    settings = load(cfg, cwd=str(tmp_path))
+    assert [q.name for q in settings.queues] == ["vision", "nlp"]
+    assert sum(n.gpus for n in settings.nodes) == 8 and settings.access["vision"]["users"] == ["alice"]
+    assert (tmp_path / ".gpupool-demo" / "homes" / "carol" / "demo.ipynb").is_file()
 
 
 def test_cli_errors_are_messages(tmp_path):
