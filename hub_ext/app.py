@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -227,7 +228,10 @@ class Service:
         new_id = await self.inserter.insert(values)  # committed before the 201
         self.metrics.submitted.inc()
         values.pop("source")
-        return D.Workload(id=new_id, **values)
+        # the view of what was just committed (an ORM instance costs more than the rest of the request)
+        return SimpleNamespace(id=new_id, public_id=D.public_id(D.JOB, new_id), started_at=None, finished_at=None,
+                               allocation=None, exit_code=None, checkpoint_path=None, last_checkpoint_at=None,
+                               **values)
 
     # ------------------------------------------------------------------ workspaces
     async def request_workspace(self, user: str, server: str, data: dict) -> tuple[D.Workload, bool]:

@@ -533,12 +533,9 @@ class SchedulerLoop:
         st.pending, st.positions = result.pending, result.positions
         changes = []
         bound = {b.workload for b in result.binds}
-        for w in snap.workloads:
-            if w.phase != Phase.PENDING or w.id in bound:
-                continue
-            reason = result.pending.get(w.id)
-            row = by_id[w.id]
-            if reason and reason != row.reason:
+        for wid, reason in result.pending.items():
+            row = by_id.get(wid)
+            if row is not None and reason and reason != row.reason and wid not in bound:
                 changes.append({"id": row.id, "reason": reason})
         if changes:
             # only rows still queued: a cancel may have landed since the snapshot

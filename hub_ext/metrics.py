@@ -5,7 +5,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..scheduler.model import Phase
 
 
 class Metrics:
@@ -14,7 +13,7 @@ class Metrics:
         self.submitted = Counter("gpupool_jobs_submitted", "Jobs accepted through the API", registry=r)
         self.finished = Counter("gpupool_jobs_finished", "Jobs that ended, by final status", ["status"], registry=r)
         self.preemptions = Counter("gpupool_preemptions", "Workloads preempted and requeued", registry=r)
-        self.workloads = Gauge("gpupool_workloads", "Active workloads by queue and phase", ["queue", "phase"],
+        self.workloads = Gauge("gpupool_workloads", "Workloads by queue: holding GPUs or pending", ["queue", "phase"],
                                registry=r)
         self.queue_gpus = Gauge("gpupool_queue_gpus", "GPUs of a queue: deserved, fair_share, allocated",
                                 ["queue", "what"], registry=r)
@@ -28,21 +27,17 @@ class Metrics:
     def observe_cycle(self, loop: Any, snap: Any, result: Any, seconds: float, decide_ms: float) -> None:
         self.cycle_seconds.observe(seconds)
         self.decide_seconds.observe(decide_ms / 1000)
-        counts: dict[tuple[str, str], int] = {}
-        for q in loop.settings.queues:
-            for ph in Phase:
-                counts[(q.name, ph.value)] = 0
+        for name, view in loop.state.queues.items():
+            self.workloads.labels(queue=name, phase="holding").set(view.running)
+            self.workloads.labels(queue=name, phase="pending").set(view.pending)
         allocated = 0.0
-        for w in snap.workloads:
-            counts[(w.queue, w.phase.value)] = counts.get((w.queue, w.phase.value), 0) + 1
-            if w.phase != Phase.PENDING:
-                allocated += sum(len(p.gpus) * p.fraction for p in w.placements)
-        for (q, ph), n in counts.items():
-            self.workloads.labels(queue=q, phase=ph).set(n)
         for q in loop.settings.queues:
+            got = result.allocated.get(q.name, {}).get("gpu", 0)
+            if q.parent is None:
+                allocated += got
             self.queue_gpus.labels(queue=q.name, what="deserved").set(q.deserved.get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="fair_share").set(result.fair_share.get(q.name, {}).get("gpu", 0))
-            self.queue_gpus.labels(queue=q.name, what="allocated").set(result.allocated.get(q.name, {}).get("gpu", 0))
+            self.queue_gpus.labels(queue=q.name, what="allocated").set(got)
         self.gpus_total.set(sum(n.gpus for n in loop.settings.nodes))
         self.gpus_allocated.set(allocated)
 
