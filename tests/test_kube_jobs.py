@@ -176,6 +176,17 @@ async def _async(v):
     return v
 
 
+async def test_container_failure_before_the_log_reaches_the_job_log(backend, kube, tmp_path):
+    spec = job_spec(tmp_path)
+    handle = await backend.start(spec)
+    await wait_for(lambda: _poll_is(backend, handle, RUNNING))
+    kube.finish_pod(handle["pod"], 1, "jobs", log="/usr/bin/python3: No module named gpupool\n")
+    st = await wait_for(lambda: _poll_is(backend, handle, EXITED))
+    assert st.exit_code == 1 and st.detail.endswith("No module named gpupool")
+    with open(spec.log) as f:
+        assert "No module named gpupool" in f.read()
+
+
 async def test_a_pod_the_watch_has_not_shown_yet_is_not_lost(backend, kube, tmp_path):
     """Right after start (or after a relist) the watch may not have shown the pod: poll reads it
     from the API instead of declaring the run lost (which would requeue a running job)."""

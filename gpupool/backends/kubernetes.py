@@ -703,6 +703,7 @@ class KubeJobBackend(JobBackend):
         handle = self._handle(raw)
         handle["run_id"] = spec.run_id
         handle["exit_file"] = km.exit_file(spec.job_dir, spec.attempt)
+        handle["log"] = spec.log
         return handle
 
     async def _read_pod(self, name: str) -> dict | None:
@@ -770,9 +771,36 @@ class KubeJobBackend(JobBackend):
         await self.start_watching()
         pod = await self._current(handle)
         state = self._state_of(handle, pod)
-        if state.state == EXITED and pod is not None and self.kube.delete_finished_pods:
-            await self._delete(handle.get("pod"), 0)
+        if state.state == EXITED and pod is not None:
+            if state.exit_code != 0:
+                state = await self._keep_container_log(handle, state)
+            if self.kube.delete_finished_pods:
+                await self._delete(handle.get("pod"), 0)
         return state
+
+    async def _keep_container_log(self, handle: dict, state: RunState) -> RunState:
+        """A pod that failed before the job's log was written (the image lacks gpupool or
+        papermill, a bad command): copy the container's log into the job's log, so the user sees
+        why, and name its last line in the reason."""
+        path = handle.get("log")
+        try:
+            if not path or (os.path.exists(path) and os.path.getsize(path) > 0):
+                return state
+            text = await self.pod_log(handle)
+        except Exception as e:  # noqa: BLE001 - the log is a courtesy; the state stands
+            self.log.info("gpupool: no container log for %s: %s", handle.get("pod"), e)
+            return state
+        if not text.strip():
+            return state
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"gpupool: the job's container ({handle.get('pod')}) failed before papermill's log "
+                        f"started; its output:\n{text}")
+        except OSError:
+            pass
+        last = text.strip().splitlines()[-1][:200]
+        return RunState(state.state, state.exit_code, f"{state.detail}: {last}")
 
     async def _delete(self, name: str | None, grace: float) -> bool:
         from kubernetes_asyncio.client.exceptions import ApiException
