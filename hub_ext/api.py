@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from tornado import web
 
-from ..scheduler.spec import SpecError, parse_workload
+from ..scheduler.spec import SpecError
 from . import db as D
 from .auth import AuthError, Identity
 
@@ -470,4 +470,4 @@ def spec_error(e: SpecError) -> APIError:
     return APIError(400, f"{field}: {e.message}", field)
 
 
-__all__ = ["routes", "APIError", "JOB_FIELDS", "JOB_KINDS", "WORKSPACE_FIELDS", "parse_workload", "spec_error"]
+__all__ = ["routes", "APIError", "JOB_FIELDS", "JOB_KINDS", "WORKSPACE_FIELDS", "spec_error"]
