@@ -4,8 +4,6 @@ enforced, lint clean, and the rendered jupyterhub_config.py executed to check it
 hub, the gpupool service and the Kubernetes backend as the values say."""
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import helm_python as helm
@@ -38,8 +36,8 @@ def render(chart, vals: dict, namespace: str = "jhub") -> list[dict]:
             continue
         for doc in yaml.safe_load_all(text):
             if doc:
-                doc.setdefault("metadata", {}).setdefault("namespace", namespace) if doc["kind"] not in (
-                    "ClusterRole", "ClusterRoleBinding") else None
+                if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):  # as helm install would set it
+                    doc.setdefault("metadata", {}).setdefault("namespace", namespace)
                 docs.append(doc)
     return docs
 

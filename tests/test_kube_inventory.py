@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from kube_fixture import kube  # noqa: F401  (fixture)
 
 from gpupool.backends.kubernetes import GPUPoolKubernetes, KubeInventory, build_inventory, client_configuration
