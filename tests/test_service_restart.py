@@ -112,3 +112,37 @@ def test_sigkill_and_restart_loses_nothing(tmp_path):
         hub.kill_service(signal.SIGTERM, timeout=10)
         assert "stopping (running jobs keep running" in hub.service_log()
         assert "Traceback" not in hub.service_log()
+
+
+async def test_queue_removed_from_config_keeps_its_gpus_booked(tmp_path):
+    """Quota changes apply at restart without losing anything: a workspace still holding a GPU in a
+    queue that no longer exists keeps it (no double allocation); a job waiting in it says why."""
+    import time
+
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext.config import load
+    from gpupool.hub_ext.loop import SchedulerLoop
+
+    settings = load({"nodes": [{"name": "box", "gpus": 1}], "queues": [{"name": "new", "deserved": {"gpu": 1}}],
+                     "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+                     "work_dir": str(tmp_path), "run_as_user": False})
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    now = time.time()
+    common = dict(user="alice", gpus=1.0, submitted_at=now, parameters={})
+    with sessions() as s:  # state left by the previous configuration
+        s.add(D.Workload(type=D.WORKSPACE, queue="old", kind="interactive", status="running", preemptible=False,
+                         allocation=[{"pod": 0, "node": "box", "gpus": [0], "fraction": 1.0}], started_at=now, **common))
+        s.add(D.Workload(type=D.JOB, queue="old", kind="train", status="queued", **common))
+        s.add(D.Workload(type=D.JOB, queue="new", kind="train", status="queued", **common))
+        s.commit()
+    loop = SchedulerLoop(settings, sessions, LocalBackend())
+    await loop.recover()
+    result = await loop.cycle()
+    assert not result.binds and not result.evictions  # the one GPU is still the workspace's
+    assert "does not exist" in loop.state.pending["j-000002"]
+    assert "j-000003" in loop.state.pending
+    with sessions() as s:
+        ws = s.get(D.Workload, 1)
+        assert ws.status == "running" and ws.allocation
+        assert "does not exist" in s.get(D.Workload, 2).reason
