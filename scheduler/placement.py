@@ -352,18 +352,46 @@ class FGD(_FragPolicy):
 
 class DefaultPlacement(_FragPolicy):
     """The live scheduler's policy: FGD with memory-aware fragmentation, scored in the paper's
-    coarse buckets, ties to nodes already in use and then a fixed node order; within a node the
-    exact fragmentation decrease picks the GPU (then the tightest). See docs/placement.md."""
+    coarse buckets; GPU pods steer clear of GPU models that model-constrained shapes oversubscribe;
+    ties to nodes already in use and then a fixed node order; within a node the exact
+    fragmentation decrease picks the GPU (then the tightest). See docs/placement.md."""
 
     name = "default"
     use_memory = True
     threshold = 0.95  # the most frequent shapes covering this share of pods
+    route = True  # keep GPU models that model-constrained pods need for those pods
+    pressure_slack = 3  # score points a GPU pod gives up to avoid a contested GPU model ...
+    pressure_limit = 1.0  # ... when a candidate's model is oversubscribed this much
 
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
+        self._pressure_ref = None
 
     def _fallback(self, seed):
         return NormalisedBestFit()
+
+    def _pressure(self, state) -> np.ndarray:
+        """Per node: how oversubscribed its GPU model is by model-constrained shapes -- their share
+        of all GPU demand that must land on this model (spread over the models each allows, by
+        capacity), divided by the model's share of GPU capacity. 0: no constrained shape may use
+        it; above 1: constrained pods alone would fill it."""
+        if self._pressure_ref is self.model.m:  # tables rebuilt whenever the node set changes
+            return self._pressure_val
+        cap = np.array([state.num_gpus[state.model_id == i].sum() * MILLI for i in range(len(state.models))],
+                       dtype=np.float64)
+        demand = sum(w * max(r.num_gpus, 0) * (r.milli or MILLI) for r, w, _ in self.model.shapes)
+        d = np.zeros(len(state.models))
+        for req, w, models in self.model.shapes:
+            if not models or req.num_gpus <= 0:
+                continue
+            allowed = np.array([m in models for m in state.models])
+            c = cap[allowed].sum()
+            if c > 0:
+                d[allowed] += w * req.num_gpus * (req.milli or MILLI) / demand * cap[allowed] / c
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = np.where(cap > 0, d / (cap / max(cap.sum(), 1.0)), 0.0) if demand > 0 else np.zeros(len(cap))
+        self._pressure_ref, self._pressure_val = self.model.m, rho[state.model_id] if len(state.nodes) else np.zeros(0)
+        return self._pressure_val
 
     def share_value(self, delta, free, milli):
         return delta - 1e-9 * free  # exact decrease; among equals the tightest GPU
@@ -373,7 +401,18 @@ class DefaultPlacement(_FragPolicy):
 
     def _select(self, state, req, idx, milli, e):
         val = e[2][idx]
-        cand = idx[val == val.max()]
+        route = self.route and req.num_gpus > 0
+        slack = 0
+        if route:
+            rho = self._pressure(state)
+            if rho[idx].max() >= self.pressure_limit:  # a contested model is among the candidates
+                slack = self.pressure_slack
+        cand = idx[val >= val.max() - slack]
+        if route and cand.size > 1:
+            pr = rho[cand]
+            cand = cand[pr <= pr.min() + 1e-12]
+            v2 = e[2][cand]
+            cand = cand[v2 == v2.max()]
         if cand.size == 1:
             return int(cand[0])
         # consolidate: nodes already in use first, then a fixed (seeded) node order

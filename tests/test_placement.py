@@ -231,3 +231,25 @@ def test_unknown_policy_and_bad_shapes_are_refused():
         make_policy("nope")
     with pytest.raises(TypeError):
         make_policy("default", shapes=[("not a request", 1.0)])
+
+
+def test_gpu_model_pressure_and_routing_of_unconstrained_pods():
+    """A GPU model that model-constrained shapes oversubscribe is kept for them: an unconstrained
+    pod goes to another model when the scores are close."""
+    state = ClusterState([NodeSpec("x0", 4, gpu_model="X", cpu=32, memory=256 * GI),
+                          NodeSpec("y0", 4, gpu_model="Y", cpu=32, memory=256 * GI),
+                          NodeSpec("y1", 4, gpu_model="Y", cpu=32, memory=256 * GI)])
+    shapes = [(PodRequest(1, MILLI, 0, 1000, GI), 1.0, ("X",)), (PodRequest(1, MILLI, 0, 1000, GI), 1.0)]
+    pol = make_policy("default", shapes=shapes)
+    # half of all GPU demand may only use X, which is a third of the capacity: pressure 1.5
+    assert pol.choose(state, PodRequest(1, MILLI, 0, 1000, GI)) is not None
+    rho = pol._pressure(state)
+    assert rho[0] == pytest.approx(1.5) and rho[1] == rho[2] == 0
+    for _ in range(6):  # unconstrained pods fill Y first
+        n, gpus, milli = pol.choose(state, PodRequest(1, MILLI, 0, 1000, GI))
+        assert state.nodes[n].gpu_model == "Y"
+        state.take(n, gpus, milli, 1000, GI)
+    # without constrained shapes there is no pressure anywhere
+    plain = make_policy("default", shapes=[(PodRequest(1, MILLI, 0, 1000, GI), 1.0)])
+    plain.choose(state, PodRequest(1, MILLI, 0, 1000, GI))
+    assert not plain._pressure(state).any()
