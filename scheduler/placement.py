@@ -363,9 +363,35 @@ class DefaultPlacement(_FragPolicy):
     pressure_slack = 3  # score points a GPU pod gives up to avoid a contested GPU model ...
     pressure_limit = 1.0  # ... when a candidate's model is oversubscribed this much
 
+    cpu_tight = (0.9, 1.0)  # CPU demand/supply ratio where stranded GPU capacity starts / fully counts
+
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
         self._pressure_ref = None
+        if self.model is not None:
+            self.model.measure = "hybrid"
+            self.model.beta = 0.0
+
+    def _cpu_beta(self, state) -> float:
+        """How much GPU capacity stranded by CPU/memory counts as fragment: 0 while the workload's
+        CPU per GPU is well below the cluster's, rising to 1 when CPU is as scarce as GPUs."""
+        tracked = state.cpu_total < _UNTRACKED
+        gcap = float(state.num_gpus[tracked].sum()) * MILLI
+        ccap = float(state.cpu_total[tracked].sum())
+        g = sum(w * max(r.num_gpus, 0) * (r.milli or MILLI) for r, w, _ in self.model.shapes)
+        c = sum(w * r.cpu_milli for r, w, _ in self.model.shapes)
+        if gcap <= 0 or ccap <= 0 or g <= 0:
+            return 0.0
+        lo, hi = self.cpu_tight
+        return float(np.clip(((c / g) / (ccap / gcap) - lo) / (hi - lo), 0.0, 1.0))
+
+    def choose(self, state, req, mask=None):
+        if self.model is not None and state.nodes is not self.model._nodes_ref:
+            beta = self._cpu_beta(state)
+            if beta != self.model.beta:
+                self.model.beta = beta
+                self.model._sig = None  # re-derive every node's tables with the new weight
+        return super().choose(state, req, mask)
 
     def _fallback(self, seed):
         return NormalisedBestFit()
