@@ -304,6 +304,7 @@ async def test_unschedulable_pod_is_requeued_and_bad_image_fails(backend, kube, 
     await wait_for(waiting)
     st = await wait_for(lambda: _poll_is(backend, handle, LOST))  # after pending_timeout: requeue
     assert "could not place" in st.detail
+    assert kube.pod(handle["pod"], "jobs") is None  # and it cannot start later behind the new attempt
 
     kube.behave("j-000009", waiting_reason="ImagePullBackOff", waiting_message="lab/missing:1 not found")
     spec2 = job_spec(tmp_path, job_id="j-000009", placements=[{"pod": 0, "node": "n1", "gpus": [0], "fraction": 1.0}])

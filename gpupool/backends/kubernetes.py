@@ -536,6 +536,7 @@ class KubeJobBackend(JobBackend):
         self._last: dict[str, dict] = {}  # run id -> last pod state seen
         self._pending_since: dict[str, float] = {}
         self._gone: set[str] = set()  # uids of pods the watch saw deleted
+        self._final: dict[str, RunState] = {}  # run id -> how it ended (poll is idempotent)
         if self.kube.discovery not in ("kubernetes", "declared"):
             raise ValueError(f"c.GPUPoolKubernetes.discovery: {self.kube.discovery!r} is neither 'kubernetes' nor 'declared'")
         if self.kube.discovery == "kubernetes" and settings is not None and isinstance(getattr(settings, "nodes", None), list):
@@ -700,6 +701,7 @@ class KubeJobBackend(JobBackend):
                 raise RuntimeError(f"Kubernetes refused the job's pod: {_api_message(e)}") from None
         self._last[spec.run_id] = raw
         self._stopping.discard(spec.run_id)
+        self._final.pop(spec.run_id, None)
         handle = self._handle(raw)
         handle["run_id"] = spec.run_id
         handle["exit_file"] = km.exit_file(spec.job_dir, spec.attempt)
@@ -769,13 +771,24 @@ class KubeJobBackend(JobBackend):
 
     async def poll(self, handle: dict) -> RunState:
         await self.start_watching()
+        run_id = handle.get("run_id", "")
+        if run_id in self._final:  # an ended run stays ended, whatever happens to its pod afterwards
+            return self._final[run_id]
         pod = await self._current(handle)
         state = self._state_of(handle, pod)
+        if state.state != RUNNING:  # recorded before the clean-up below, which may fail
+            self._final[run_id] = state
         if state.state == EXITED and pod is not None:
             if state.exit_code != 0:
                 state = await self._keep_container_log(handle, state)
             if self.kube.delete_finished_pods:
                 await self._delete(handle.get("pod"), 0)
+        elif state.state == LOST and pod is not None:
+            # given up on (e.g. unschedulable too long): the job is requeued, so this pod must not
+            # start later and run the same attempt twice
+            await self._delete(handle.get("pod"), 0)
+        if state.state != RUNNING:
+            self._final[run_id] = state
         return state
 
     async def _keep_container_log(self, handle: dict, state: RunState) -> RunState:
