@@ -6,7 +6,10 @@ GPU, CPU, memory, allowed GPU models), the node's free GPU milli that *s* cannot
 
 * all of it, if *s* cannot run on the node at all (wrong GPU model, too few GPUs with enough free
   milli, not enough free CPU -- or, with ``use_memory``, memory), or if *s* needs no GPU;
-* otherwise the free milli sitting on GPUs that have less free than *s* needs per GPU.
+* otherwise the free milli sitting on GPUs that have less free than *s* needs per GPU;
+* with ``measure="hybrid"`` (used by the ``default`` policy), plus ``beta`` x the GPU capacity that
+  CPU or memory strands: if the GPUs have room for 8 pods of *s* but the CPU for 3, the other 5
+  pods' GPU milli counts too.
 
 The node's fragmentation is the weighted sum over shapes (weights = how often each shape arrives).
 A placement policy places a pod where this sum grows least. Everything is vectorised over nodes
@@ -73,11 +76,11 @@ class FragModel:
     GPUs, ``tot[n]`` its free milli, and ``version[n]`` changes whenever node n's row changed.
     """
 
-    def __init__(self, shapes: Sequence, use_memory: bool = False, measure: str = "fgd"):
+    def __init__(self, shapes: Sequence, use_memory: bool = False, measure: str = "fgd", beta: float = 1.0):
         self.shapes = normalise_shapes(shapes)
         self.use_memory = use_memory
         self.measure = measure
-        self.beta = 1.0  # weight of GPU capacity stranded by CPU/memory (measure="hybrid")
+        self.beta = beta  # weight of GPU capacity stranded by CPU/memory (measure="hybrid")
         S = len(self.shapes)
         self.w = np.array([w for _, w, _ in self.shapes], dtype=np.float64)
         self.k = np.array([r.num_gpus for r, _, _ in self.shapes], dtype=np.int64)
@@ -170,16 +173,6 @@ class FragModel:
                 q = np.minimum(q, np.where(self.mem > 0, mem[:, None] // np.maximum(self.mem, 1), q))
             ok = self.access[rows] & ~self.cpu_only & (q >= 1)
             frag = np.where(ok, small + self.beta * (qg - q) * k * self.m[rows], tot[:, None])
-            return frag @ self.w
-        if self.measure == "pack":
-            # free milli that repeated pods of shape s could not use (GPU slots, CPU, memory)
-            k = np.maximum(self.k, 1)
-            q = slots // k
-            q = np.minimum(q, np.where(self.c > 0, cpu[:, None] // np.maximum(self.c, 1), q))
-            if self.use_memory:
-                q = np.minimum(q, np.where(self.mem > 0, mem[:, None] // np.maximum(self.mem, 1), q))
-            q = np.where(self.access[rows] & ~self.cpu_only, np.maximum(q, 0), 0)
-            frag = tot[:, None] - q * k * self.m[rows]
             return frag @ self.w
         ok = self.access[rows] & (cnt >= self.k) & (cpu[:, None] >= self.c)
         if self.use_memory:

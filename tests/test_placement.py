@@ -169,10 +169,11 @@ def test_untracked_cpu_does_not_dominate_scores():
     assert state.cpu_free[1] == UNTRACKED
 
 
-def test_fragmentation_model_matches_definition_and_stays_in_sync():
+@pytest.mark.parametrize("measure,beta", [("fgd", 1.0), ("hybrid", 0.5)])
+def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta):
     rng = np.random.default_rng(1)
     state = cluster()
-    fm = FragModel(SHAPES, use_memory=True)
+    fm = FragModel(SHAPES, use_memory=True, measure=measure, beta=beta)
     pol = make_policy("random", seed=2)
     for step, req in enumerate(random_requests(rng, 120)):
         c = pol.choose(state, req)
@@ -189,8 +190,21 @@ def test_fragmentation_model_matches_definition_and_stays_in_sync():
                 ok = (r.num_gpus > 0 and (not models or state.nodes[n].gpu_model in models)
                       and (free >= m).sum() >= r.num_gpus and state.cpu_free[n] >= r.cpu_milli
                       and state.mem_free[n] >= r.memory)
-                total += w * (free[free < m].sum() if ok else free.sum())
+                frag = free[free < m].sum() if ok else free.sum()
+                if ok and measure == "hybrid":  # GPU room for qg pods, CPU/memory for q of them
+                    qg = int((free // m).sum()) // r.num_gpus
+                    q = min(qg, state.cpu_free[n] // max(r.cpu_milli, 1) if r.cpu_milli else qg,
+                            state.mem_free[n] // max(r.memory, 1) if r.memory else qg)
+                    frag += beta * (qg - q) * r.num_gpus * m
+                total += w * frag
             assert fm.F[n] == pytest.approx(total), (step, n)
+        # the incremental 'after' formulas agree with recomputing the node
+        for n in np.flatnonzero(state.gpu_free.max(axis=1) >= 300)[:3]:
+            g = int(np.argmax(state.gpu_free[n]))
+            after = fm.after_share(np.array([n]), np.array([g]), np.array([300]), 1000, GI)[0]
+            row = state.gpu_free[n:n + 1].copy()
+            row[0, g] -= 300
+            assert after == pytest.approx(fm.after_rows(np.array([n]), row, 1000, GI)[0])
 
 
 def test_cached_choices_equal_fresh_choices():
