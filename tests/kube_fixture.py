@@ -15,7 +15,9 @@ that gpupool and KubeSpawner rely on; :class:`FakeKube` adds them:
   ``deletionTimestamp`` and the kubelet removes it when the grace is over, or earlier when the
   pod "exits on SIGTERM" (``behave(..., exit_on_term_after=s)``); every deletion is recorded in
   :attr:`FakeKube.deletions` with its grace period;
-* ``pods/{name}/log`` serves the text set with :meth:`KubeCluster.set_log`.
+* ``pods/{name}/log`` serves the text set with :meth:`KubeCluster.set_log`;
+* Secrets store ``stringData`` as base64 ``data``; deleting an object deletes the objects it owns
+  (``ownerReferences``), as the garbage collector does.
 
 With ``KubeCluster(run_jobs=True)`` the kubelet really runs the command of gpupool job pods
 (label ``gpupool.io/component=job``) as a local process with the pod's environment and working
@@ -24,7 +26,8 @@ the pod sends it SIGTERM and SIGKILL when the grace period is over, as a kubelet
 
 The fake kubelet binds pods to the node named by their required node affinity (``matchFields
 metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName`` (else to the
-first Ready, uncordoned node matching the ``nodeSelector``, as a scheduler would), refuses a
+first Ready, uncordoned node matching the ``nodeSelector``, as a scheduler would), waits for
+Secrets the pod's environment refers to (``CreateContainerConfigError``), refuses a
 node that is missing, cordoned, NotReady or out of ``nvidia.com/gpu`` (the pod stays Pending
 with an ``Unschedulable`` condition, as the kube-scheduler would leave it) and otherwise moves the
 pod to Running with a pod IP and ready container statuses.
@@ -36,6 +39,7 @@ manager.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import json
 import os
@@ -170,7 +174,18 @@ class FakeKube(kmock.KubernetesEmulator):
         raw = self._objects[key].raw
         self._objects[key].delete()
         await self._emit(resource, "DELETED", raw)
+        uid = raw.get("metadata", {}).get("uid")
+        for (res, ns, name), obj in list(self._objects.items()):  # the garbage collector: owned objects go too
+            if not obj.deleted and any(o.get("uid") == uid for o in obj.raw.get("metadata", {}).get("ownerReferences", [])):
+                await self.remove_object(res, ns, name)
         return raw
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        k = (SECRETS, namespace, name)
+        if k not in self._objects or self._objects[k].deleted:
+            return None
+        value = (self._objects[k].raw.get("data") or {}).get(key)
+        return None if value is None else base64.b64decode(value).decode()
 
     async def create_object(self, resource: Any, namespace: str | None, data: dict) -> dict:
         data = json.loads(json.dumps(data))
@@ -186,6 +201,9 @@ class FakeKube(kmock.KubernetesEmulator):
         meta["resourceVersion"] = self.next_rv()
         if resource.plural == "pods":
             data.setdefault("status", {}).setdefault("phase", "Pending")
+        if resource.plural == "secrets" and "stringData" in data:  # as the API server stores it
+            data.setdefault("data", {}).update({k: base64.b64encode(str(v).encode()).decode()
+                                                for k, v in data.pop("stringData").items()})
         key = (resource, meta.get("namespace"), meta["name"])
         if key in self._objects and not self._objects[key].deleted:
             raise kmock.KubernetesError(status=409, reason="AlreadyExists",
@@ -389,7 +407,9 @@ def _node_ready(node: dict) -> bool:
 async def _run_container(api: FakeKube, ns: str, name: str, container: dict) -> asyncio.subprocess.Process:
     """Start a container's command as a local process (its stdout becomes the pod's log)."""
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
-    env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+    for e in container.get("env", []):
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        env[e["name"]] = api.secret_value(ns, ref["name"], ref["key"]) or "" if ref else e.get("value", "")
     cmd = [*container.get("command", []), *container.get("args", [])]
     cwd = container.get("workingDir")
     proc = await asyncio.create_subprocess_exec(*cmd, env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
@@ -505,8 +525,19 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                     if status.get("conditions") != conds:
                         await api.patch_object(PODS, ns, name, {"status": {"conditions": conds}})
                     continue
-                ip += 1
                 containers = pod.get("spec", {}).get("containers", [])
+                refs = [e["valueFrom"]["secretKeyRef"] for c in containers for e in c.get("env", [])
+                        if (e.get("valueFrom") or {}).get("secretKeyRef")]
+                missing = [r["name"] for r in refs if api.secret_value(ns, r["name"], r["key"]) is None]
+                if missing:  # the kubelet waits for the Secret
+                    if not status.get("containerStatuses"):
+                        await api.patch_object(PODS, ns, name, {"spec": {"nodeName": node_name}, "status": {
+                            "containerStatuses": [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
+                                                   "imageID": "", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                                                        "message": f'secret "{missing[0]}" not found'}}}
+                                                  for c in containers]}})
+                    continue
+                ip += 1
                 now = _now()
                 if api.run_jobs and (meta.get("labels") or {}).get("gpupool.io/component") == "job":
                     api.procs[(ns, name, meta.get("uid"))] = await _run_container(api, ns, name, containers[0])

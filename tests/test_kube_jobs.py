@@ -42,12 +42,13 @@ def job_spec(root, job_id="j-000001", attempt=0, placements=None, user="alice", 
                    notebook=os.path.join(jdir, "input.ipynb"), output=os.path.join(jdir, "output.ipynb"),
                    log=os.path.join(jdir, "log.txt"), parameters={"lr": 0.01}, workdir="/home/jovyan",
                    job_dir=jdir, checkpoint_dir=os.path.join(jdir, "checkpoints"), stop_file=os.path.join(jdir, "STOP"),
-                   env=env or {"GPUPOOL_API_URL": "http://127.0.0.1:10101/services/gpupool/", "CUDA_VISIBLE_DEVICES": "3"},
+                   env=env or {"GPUPOOL_API_URL": "http://127.0.0.1:10101/services/gpupool/", "CUDA_VISIBLE_DEVICES": "3",
+                               "GPUPOOL_API_TOKEN": "gpj-secret-token"},
                    placements=placements if placements is not None else [{"pod": 0, "node": "n1", "gpus": [0, 1], "fraction": 1.0}])
 
 
 def env_of(pod: dict) -> dict:
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
 
 
 async def wait_for(pred, timeout=8.0):
@@ -83,7 +84,8 @@ def _pod(placement: PodPlacement, **kw) -> dict:
                 job_dir="/srv/j", checkpoint_dir="/srv/j/checkpoints", stop_file="/srv/j/STOP", attempt=3,
                 gpu_uuids=["GPU-a", "GPU-b"], gpu_memory=80 * 2**30, cpu=2, memory=8 * 2**30, home_claim="claim-alice",
                 jobs_claim="gpupool-jobs", jobs_mount="/srv", run_as_uid=1000, fs_gid=100, runtime_class="nvidia",
-                env={"CUDA_VISIBLE_DEVICES": "1", "GPUPOOL_API_URL": "http://hub/services/gpupool/"})
+                env={"CUDA_VISIBLE_DEVICES": "1", "GPUPOOL_API_URL": "http://hub/services/gpupool/",
+                     "GPUPOOL_API_TOKEN": "t0ken"})
     base.update(kw)
     return km.job_pod_manifest(km.JobPodSpec(**base))
 
@@ -95,6 +97,12 @@ def test_job_pod_manifests_are_valid_kubernetes():
     unknown_uuid = _pod(PodPlacement(0, "node-a", (1,), 0.5), gpu_uuids=None, gpu_memory=0)
     for manifest in (whole, frac, cpu, unknown_uuid):
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        assert "t0ken" not in json.dumps(manifest)
+    created = json.loads(json.dumps(whole))
+    created["metadata"]["uid"] = "0b5a3f9e-8d6c-4a1e-9f3b-2c7d1e0a4b6f"
+    secret = km.job_secret_manifest(created, {"GPUPOOL_API_TOKEN": "t0ken"})
+    kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
+    assert secret["metadata"]["name"] == env_of(whole)["GPUPOOL_API_TOKEN"]["secretKeyRef"]["name"]
 
     c = whole["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -147,6 +155,13 @@ async def test_job_pod_lifecycle(backend, kube, tmp_path):
     env = env_of(pod)
     assert env["GPUPOOL_CHECKPOINT_DIR"] == spec.checkpoint_dir and env["GPUPOOL_STOP_FILE"] == spec.stop_file
     assert env["GPUPOOL_API_URL"] == "http://127.0.0.1:10101/services/gpupool/"
+    # the job's API token is in a Secret owned by the pod, never in the pod spec
+    assert "gpj-secret-token" not in json.dumps(pod)
+    ref = env["GPUPOOL_API_TOKEN"]["secretKeyRef"]
+    assert kube.api.secret_value("jobs", ref["name"], "GPUPOOL_API_TOKEN") == "gpj-secret-token"
+    secret = kube.call(lambda: _async(kube.api._objects[(kube_fixture_secrets(), "jobs", ref["name"])].raw))
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert vols["home"]["persistentVolumeClaim"]["claimName"] == "claim-alice"
     assert vols["gpupool-jobs"]["persistentVolumeClaim"]["claimName"] == "gpupool-jobs"
@@ -169,6 +184,7 @@ async def test_job_pod_lifecycle(backend, kube, tmp_path):
     st = await wait_for(exited)
     assert st.exit_code == 0 and st.detail == "the notebook ran to the end"
     await wait_for(lambda: _async(kube.pod(handle["pod"], "jobs") is None))  # finished pods are cleaned up
+    assert kube.api.secret_value("jobs", ref["name"], "GPUPOOL_API_TOKEN") is None  # and their Secret with them
     assert (await backend.poll(handle)).exit_code == 0  # still known after the pod is gone
 
 
@@ -317,6 +333,12 @@ def kube_fixture_pods():
     import kube_fixture
 
     return kube_fixture.PODS
+
+
+def kube_fixture_secrets():
+    import kube_fixture
+
+    return kube_fixture.SECRETS
 
 
 async def test_image_of_the_users_notebook_server(backend, kube, tmp_path):

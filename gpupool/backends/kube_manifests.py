@@ -274,6 +274,8 @@ class JobPodSpec:
 
 
 LABEL_RUN = f"{GROUP}/run-id"
+# Credentials in a job's environment go into a Secret owned by the pod, not into the pod spec
+SECRET_ENV = ("GPUPOOL_API_TOKEN", "JUPYTERHUB_API_TOKEN")
 # Environment variables describing the service's own machine that make no sense in a pod
 HOST_ONLY_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
                  "HIP_VISIBLE_DEVICES", "HOME", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH")
@@ -287,6 +289,29 @@ def job_pod_name(run_id: str) -> str:
 def exit_file(job_dir: str, attempt: int) -> str:
     """Where the run writes its exit status (the local backend's runner layout)."""
     return f"{job_dir.rstrip('/')}/runs/{int(attempt)}/exit.json"
+
+
+def job_secret_name(run_id: str) -> str:
+    return dns_name(f"gpupool-{run_id}-env".lower().replace(".", "-"))
+
+
+def job_secret_manifest(pod: dict[str, Any], values: dict[str, str]) -> dict[str, Any]:
+    """The Secret holding a job pod's credentials, owned by the pod (Kubernetes deletes it with
+    the pod). ``pod`` is the created pod (its uid is needed)."""
+    meta = pod["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": job_secret_name(meta["annotations"][f"{GROUP}/run-id"]),
+            "namespace": meta.get("namespace", "default"),
+            "labels": {k: v for k, v in meta.get("labels", {}).items() if k.startswith(GROUP)},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                                 "blockOwnerDeletion": False}],
+        },
+        "stringData": {k: str(v) for k, v in values.items()},
+    }
 
 
 def _quantity_cpu(cpu: float) -> str:
@@ -303,6 +328,10 @@ def papermill_command(spec: JobPodSpec) -> list[str]:
 
 def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
     """The Pod that runs one attempt of a notebook job with papermill in the user's image.
+
+    Credentials of the environment (:data:`SECRET_ENV`) are read from the Secret
+    :func:`job_secret_name` (made with :func:`job_secret_manifest` once the pod exists), so the
+    pod spec never holds them.
 
     Its command is this module's ``run-job`` entrypoint around the local backend's runner (which
     appends papermill's output to the job's log, forwards signals to papermill and the kernel and
@@ -323,6 +352,9 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         "PYTHONUNBUFFERED": "1",
     })
     env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory))
+    secret = {k: env.pop(k) for k in SECRET_ENV if k in env}
+    env_entries = env_list(env) + [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": job_secret_name(spec.run_id), "key": k}}} for k in secret]
 
     resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
     if spec.cpu > 0:
@@ -350,7 +382,7 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         "command": [spec.python, "-m", "gpupool.backends.kube_manifests"],
         "args": args,
         "workingDir": spec.home_mount,
-        "env": env_list(env),
+        "env": env_entries,
         "volumeMounts": mounts,
     }
     if resources:

@@ -699,6 +699,15 @@ class KubeJobBackend(JobBackend):
                     raise RuntimeError(f"pod {manifest['metadata']['name']} exists and vanished; try again") from None
             else:
                 raise RuntimeError(f"Kubernetes refused the job's pod: {_api_message(e)}") from None
+        secret = {k: str(spec.env[k]) for k in km.SECRET_ENV if k in spec.env}
+        if secret:  # the pod waits (CreateContainerConfigError) until its Secret exists
+            try:
+                await self.core.create_namespaced_secret(self.namespace, km.job_secret_manifest(raw, secret),
+                                                         _request_timeout=self.kube.request_timeout)
+            except ApiException as e:
+                if e.status != 409:
+                    await self._delete(raw["metadata"]["name"], 0)
+                    raise RuntimeError(f"Kubernetes refused the job's Secret: {_api_message(e)}") from None
         self._last[spec.run_id] = raw
         self._stopping.discard(spec.run_id)
         self._final.pop(spec.run_id, None)
