@@ -342,7 +342,8 @@ def kube_fixture_secrets():
 
 
 async def test_image_of_the_users_notebook_server(backend, kube, tmp_path):
-    kube.add_pod("jupyter-alice", namespace="jobs", labels={"component": "singleuser-server", "hub.jupyter.org/username": "alice"})
+    kube.add_pod("jupyter-alice", namespace="jobs", labels={"component": "singleuser-server", "hub.jupyter.org/username": "alice"},
+                 annotations={"hub.jupyter.org/username": "alice"})
     kube.call(lambda: kube.api.patch_object(kube_fixture_pods(), "jobs", "jupyter-alice", {
         "spec": {"containers": [{"name": "notebook", "image": "lab/pytorch:2.4"}]}}))
     handle = await backend.start(job_spec(tmp_path))

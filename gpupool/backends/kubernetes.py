@@ -603,14 +603,15 @@ class KubeJobBackend(JobBackend):
             return None
         try:
             resp = await self.core.list_namespaced_pod(
-                self.namespace, label_selector=f"component=singleuser-server,hub.jupyter.org/username={km.label_value(user)}",
+                self.namespace, label_selector="component=singleuser-server",
                 _preload_content=False, _request_timeout=self.kube.request_timeout)
             pods = json.loads(await resp.read()).get("items", [])
         except Exception as e:  # noqa: BLE001 - fall back to the default image
             self.log.warning("gpupool: could not look up %s's notebook server image: %s", user, e)
             return None
-        for pod in pods:
-            if pod.get("metadata", {}).get("deletionTimestamp"):
+        for pod in pods:  # KubeSpawner keeps the exact user name in an annotation (the label is a slug)
+            meta = pod.get("metadata", {})
+            if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get("hub.jupyter.org/username") != user:
                 continue
             for c in pod.get("spec", {}).get("containers", []) or []:
                 if c.get("name") == "notebook" and c.get("image"):
