@@ -37,32 +37,75 @@ def _free_block(n: int = 4, lo: int = 18700, hi: int = 18990) -> int:
     raise RuntimeError("no free ports")
 
 
-def _children(pid: int) -> set[int]:
-    """All descendants of ``pid`` (from /proc)."""
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, ..., starttime at [19])."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): with the pid, it names one process for good
+    (pids wrap: pid_max is 32768 here, so a pid alone may later be someone else's process)."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _children(pid: int) -> dict[int, int]:
+    """All descendants of ``pid`` (from /proc), each with its start time."""
     parents: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
+            fields = _stat(int(d))
             try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
+                ppid = int(fields[1]) if fields else None
+            except (IndexError, ValueError):
                 continue
-            parents.setdefault(ppid, []).append(int(d))
-    out, todo = set(), [pid]
+            if ppid is not None:
+                parents.setdefault(ppid, []).append(int(d))
+    out: dict[int, int] = {}
+    todo = [pid]
     while todo:
         for c in parents.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
+            started = _start_time(c)
+            if c not in out and started is not None:
+                out[c] = started
                 todo.append(c)
     return out
 
 
 def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def _still_ours(pid: int, started: int) -> bool:
+    """``pid`` is alive and is the very process recorded (same start time), not a reused pid."""
+    return _alive(pid) and _start_time(pid) == started
+
+
+def _kill_if_ours(pid: int, started: int) -> bool:
+    """SIGKILL ``pid`` only if it is still the process recorded. The pidfd pins the process: once it
+    is open and the start time matches, the signal cannot reach another process, even if the pid is
+    reused meanwhile."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
         return False
+    try:
+        if not _still_ours(pid, started):
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def test_demo_config_declared_and_real_gpus(tmp_path):
@@ -112,13 +155,13 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
     log = open(tmp_path / "hub.log", "w+")
     proc = subprocess.Popen([GPUPOOL, "hub", "--demo", "--port", str(port)], cwd=tmp_path, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    descendants: set[int] = set()
+    descendants: dict[int, int] = {}  # pid -> start time: what we may kill at the end
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
         status = None
         while time.monotonic() < deadline and proc.poll() is None:
-            descendants |= _children(proc.pid)
+            descendants.update(_children(proc.pid))
             try:
                 with urllib.request.urlopen(f"{base}/hub/login", timeout=3) as r:
                     status = r.status
@@ -171,7 +214,7 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         # the gpupool service answers through the proxy
         with urllib.request.urlopen(f"{base}/services/gpupool/api/v1/health", timeout=10) as r:
             assert json.loads(r.read())["ok"] is True
-        descendants |= _children(proc.pid)
+        descendants.update(_children(proc.pid))
         assert descendants, "the hub runs as a child process"
     finally:
         if proc.poll() is None:
@@ -179,13 +222,15 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         try:
             rc = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session and group (start_new_session), not reaped yet
             proc.wait()
             rc = "killed"
         time.sleep(0.5)
-        leftovers = [p for p in descendants if _alive(p)]
+        # the hub, its proxy, service and servers run in sessions of their own: kill each one left,
+        # but only while it is provably the process recorded (pid + start time)
+        leftovers = [p for p, started in descendants.items() if _still_ours(p, started)]
         for p in leftovers:
-            os.kill(p, signal.SIGKILL)
+            _kill_if_ours(p, descendants[p])
         log.seek(0)
         tail = log.read()[-3000:]
         log.close()
