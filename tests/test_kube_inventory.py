@@ -144,3 +144,19 @@ def test_build_inventory_edge_cases():
     assert by["capacity-only"].gpus == 5 and inv.reserved["capacity-only"] == {"gpu": 3.0}
     assert by["capacity-only"].cpu is None and by["capacity-only"].memory is None
     assert not by["no-ready-condition"].schedulable  # no Ready condition: not known to be ready
+
+
+async def test_backend_exposes_the_live_inventory(kube):
+    from gpupool.backends.kubernetes import KubeJobBackend
+
+    kube.add_node("n1", 2, uuids=["GPU-x", "GPU-y"])
+    b = KubeJobBackend(None, kube=GPUPoolKubernetes(api_host=kube.url, namespace="jobs", image="img"))
+    try:
+        assert b.nodes() is None  # not watching yet
+        await b.start_watching()
+        assert [(n.name, n.gpus) for n in b.nodes()] == [("n1", 2)] and b.gpu_uuids() == {"n1": ["GPU-x", "GPU-y"]}
+        b.inventory.changed.clear()
+        kube.add_node("n2", 4)
+        await _until(lambda: len(b.nodes()) == 2, inv=b.inventory)
+    finally:
+        await b.close()

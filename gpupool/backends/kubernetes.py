@@ -586,8 +586,14 @@ class KubeJobBackend(JobBackend):
 
     # -- inventory for the service ---------------------------------------------------------------
     def nodes(self) -> list[NodeSpec] | None:
-        """The current nodes (None when the inventory is declared, not discovered)."""
+        """The current nodes, kept current by the watches (None when the inventory is declared,
+        or before :meth:`start_watching`). The service's loop can take its node list from here
+        each cycle and wait on ``self.inventory.changed`` to run a cycle when nodes change."""
         return self.inventory.nodes() if self.inventory else None
+
+    def gpu_uuids(self) -> dict[str, list[str]] | None:
+        """node -> GPU UUID per index, from the ``gpupool.io/gpu-uuids`` node annotations."""
+        return self.inventory.gpu_uuids() if self.inventory else None
 
     def _node_info(self, node: str) -> tuple[list[str] | None, int]:
         if self.inventory is not None:
