@@ -51,6 +51,17 @@ Methods:
 * ``hub_log() -> str``, ``service_log() -> str`` (unmanaged: the service's own output; managed:
   it is in the hub log).
 * ``stop()``: stops the hub, the proxy, the service and every job process; also on ``__exit__``.
+* ``leftover_processes() -> list[str]``: processes this hub started that are still alive
+  (``[]`` after ``stop()``).
+
+Leak check: every process the harness starts carries ``GPUPOOL_TEST_HUB=<random id>`` in its
+environment (JupyterHub hands its own environment to configurable-http-proxy), and the harness
+records each process it knows it started (the hub, the service, the proxy from JupyterHub's
+``jupyterhub-proxy.pid``) with its start time, so a reused pid is never mistaken for one of ours.
+``stop()`` kills only those. The autouse fixtures ``hub_leak_check`` (after each test) and
+``hub_leak_check_session`` (after the last test) fail when a stopped hub left a process running,
+or a hub was never stopped; a module that uses the harness imports them:
+``from hub_harness import Hub, hub_leak_check, hub_leak_check_session  # noqa: F401``.
 """
 from __future__ import annotations
 
@@ -65,6 +76,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +119,38 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
+def _start_time(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks since boot); with the pid it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _signal_if_same(pid: int, started: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``started``: the pidfd
+    pins the process, so a pid reused after the check cannot be hit."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if _start_time(pid) != started or not _alive(pid):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+MARKER_VAR = "GPUPOOL_TEST_HUB"
+_HUBS: list["Hub"] = []  # every Hub started in this test process (for the leak check)
+
+
 class Hub:
     def __init__(self, tmp_path: Any, gpupool: dict | None = None, users: Iterable[str] = ("alice", "bob"),
                  admins: Iterable[str] = ("admin",), groups: dict[str, list[str]] | None = None,
@@ -120,6 +164,10 @@ class Hub:
         self.start_timeout = start_timeout
         self.ports = {"public": free_port(), "hub": free_port(), "proxy_api": free_port(), "service": free_port()}
         self.job_root = str(self.dir / "jobs")
+        self.marker = secrets.token_hex(12)
+        self._started: dict[int, tuple[int, str]] = {}  # pid -> (start time, what) of what we started
+        self.stopped = False
+        self._leak_checked = False
         self.harness_token = secrets.token_hex(24)
         self.service_token = secrets.token_hex(24)
         settings = {
@@ -192,20 +240,65 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
         env["PATH"] = f"{VENV_BIN}:{CHP_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
         env.pop("JUPYTERHUB_API_TOKEN", None)
         env.pop("GPUPOOL_CONFIG", None)
+        env[MARKER_VAR] = self.marker  # inherited by configurable-http-proxy (JupyterHub copies its environment)
         return env
 
+    def _record(self, pid: int | None, what: str) -> None:
+        started = _start_time(pid) if pid else None
+        if pid and started is not None and pid not in self._started:
+            self._started[pid] = (started, what)
+
+    def _record_proxy(self) -> None:
+        """The proxy JupyterHub started, from its pid file (JupyterHub leaves it behind when it dies
+        at start-up, e.g. when a managed service fails to start)."""
+        try:
+            pid = int((self.dir / "jupyterhub-proxy.pid").read_text().strip())
+        except (OSError, ValueError):
+            return
+        if f"{MARKER_VAR}={self.marker}".encode() in _environ(pid):
+            self._record(pid, "configurable-http-proxy")
+
+    def own_processes(self) -> dict[int, tuple[int, str]]:
+        """Live processes this hub started: pid -> (start time, description). Found by the marker in
+        their environment, by the hub's directory in it (the managed service, job processes), and
+        by the pids recorded at start (checked against their start time)."""
+        out: dict[int, tuple[int, str]] = {}
+        tag = f"{MARKER_VAR}={self.marker}".encode()
+        here = f"{self.dir}".encode()
+        for pid in _pids():
+            if pid == os.getpid():
+                continue
+            env = _environ(pid)
+            if (tag in env or here in env) and _alive(pid):
+                started = _start_time(pid)
+                if started is not None:
+                    out[pid] = (started, _cmdline(pid)[:200])
+        for pid, (started, what) in self._started.items():
+            if pid not in out and _alive(pid) and _start_time(pid) == started:
+                out[pid] = (started, f"{what}: {_cmdline(pid)[:200]}")
+        return out
+
+    def leftover_processes(self) -> list[str]:
+        return [f"{pid} {what}" for pid, (_, what) in sorted(self.own_processes().items())]
+
     def start(self) -> "Hub":
+        if self not in _HUBS:
+            _HUBS.append(self)
+        self.stopped = self._leak_checked = False
         if not self.managed:
             self.start_service()
         self._hub_log_f = open(self.dir / "hub.log", "ab")
         self._hub = subprocess.Popen([str(VENV_BIN / "jupyterhub"), "-f", str(self.config_file)], cwd=self.dir,
                                      env=self._env(), stdout=self._hub_log_f, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        self._record(self._hub.pid, "jupyterhub")
         try:
             self.wait_for(self._hub_up, self.start_timeout, message="JupyterHub did not come up")
             self.wait_for(self._service_up, self.start_timeout, message="the gpupool service did not come up")
             self.wait_for(self._proxy_routes_service, self.start_timeout,
                           message="the proxy never routed /services/gpupool/")
+            self._record_proxy()
+            self._record(self.service_pid(), "gpupool service")
             # a real admin's token, inheriting everything the admin holds
             self.admin_token = self.token(self.admins[0]) if self.admins else ""
         except BaseException:
@@ -261,6 +354,7 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
                                          env=self.service_environment(), stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         log.close()
+        self._record(self._service.pid, "gpupool service")
         if self._hub is not None:
             self.wait_for(self._service_up, 60, message="the gpupool service did not come back")
 
@@ -300,13 +394,15 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
         return [p for p in _pids() if tag in _environ(p) and _alive(p)]
 
     def stop(self) -> None:
+        self._record_proxy()
+        self._record(self.service_pid(), "gpupool service")
         if self._hub is not None:
             if self._hub.poll() is None:
-                self._hub.send_signal(signal.SIGTERM)
+                self._hub.send_signal(signal.SIGTERM)  # JupyterHub stops its service, servers and proxy
                 try:
                     self._hub.wait(20)
                 except subprocess.TimeoutExpired:
-                    os.killpg(self._hub.pid, signal.SIGKILL)
+                    os.killpg(self._hub.pid, signal.SIGKILL)  # its own session; not reaped yet, so still ours
                     self._hub.wait(5)
             self._hub_log_f.close()
         if self._service is not None and self._service.poll() is None:
@@ -316,15 +412,17 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
             except subprocess.TimeoutExpired:
                 self._service.kill()
                 self._service.wait(5)
-        # anything the hub left: its managed service, the proxy, job processes
-        mine = [p for p in _pids() if f"{self.dir}".encode() in _environ(p) or str(self.config_file) in _cmdline(p)
-                or f" --api-port {self.ports['proxy_api']} " in _cmdline(p) + " "]
-        for pid in set(mine + self.job_pids()):
-            if pid != os.getpid():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        # anything left: the proxy (JupyterHub does not stop it when it dies at start-up), the managed
+        # service, servers, job processes; only processes proven ours (marker or recorded pid + start time)
+        deadline = time.monotonic() + 10
+        while True:
+            left = self.own_processes()
+            if not left or time.monotonic() > deadline:
+                break
+            for pid, (started, _) in left.items():
+                _signal_if_same(pid, started, signal.SIGKILL)
+            time.sleep(0.1)
+        self.stopped = True
         self.session.close()
 
     def __enter__(self) -> "Hub":
@@ -396,6 +494,37 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
         if self.managed:
             return self.hub_log()
         return self._service_log.read_text(errors="replace") if self._service_log.exists() else ""
+
+
+def _check_leaks(hubs: list[Hub]) -> list[str]:
+    problems = []
+    for hub in hubs:
+        if not hub.stopped:
+            problems.append(f"Hub in {hub.dir} was started and never stopped")
+            hub.stop()
+        left = hub.leftover_processes()
+        if left:
+            problems.append(f"Hub in {hub.dir} left processes running after stop(): {left}")
+            for pid, (started, _) in hub.own_processes().items():
+                _signal_if_same(pid, started, signal.SIGKILL)
+        hub._leak_checked = True
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def hub_leak_check():
+    """After each test: every Hub stopped so far left no process running."""
+    yield
+    problems = _check_leaks([h for h in _HUBS if h.stopped and not h._leak_checked])
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hub_leak_check_session():
+    """After the last test (module-scoped hubs are stopped by then): no Hub left a process running."""
+    yield
+    problems = _check_leaks([h for h in _HUBS if not h._leak_checked])
+    assert not problems, "\n".join(problems)
 
 
 def notebook(*cells: str, parameters: str | None = None) -> dict:

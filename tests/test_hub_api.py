@@ -7,7 +7,7 @@ import time
 import pytest
 from traitlets.config import Config
 
-from hub_harness import Hub, notebook
+from hub_harness import Hub, hub_leak_check, hub_leak_check_session, notebook  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
 
@@ -73,6 +73,10 @@ def test_bad_config_stops_the_hub_with_the_entry_named(tmp_path):
     assert "c.GPUPool.queues[0].deserved.gpu: must be >= 0" in str(err.value) or \
         "c.GPUPool.queues[0].deserved.gpu: must be >= 0" in h.hub_log()
     assert h._hub.returncode not in (None, 0)
+    # JupyterHub dies without stopping the proxy it started; the harness stops it (the leak check
+    # fixture fails the test otherwise)
+    assert "configurable-http-proxy" in [what for _, what in h._started.values()], h._started
+    assert h.stopped and h.leftover_processes() == []
 
 
 # ------------------------------------------------------------------ authorization matrix
