@@ -630,7 +630,7 @@ class KubeJobBackend(JobBackend):
         try:
             from kubespawner.slugs import safe_slug
 
-            slug = safe_slug(user)
+            slug = safe_slug(user, max_length=48)  # what KubeSpawner 7 puts in {username}
         except Exception:  # noqa: BLE001 - kubespawner missing: a DNS-safe name
             slug = km.dns_name(user.lower())
         return self.kube.home_claim.format(username=slug, user=slug)
