@@ -19,6 +19,7 @@ def cluster():
         NodeSpec("c0", 8, gpu_memory=24 * GI, gpu_model="L4", cpu=64, memory=512 * GI),
         NodeSpec("d0", 2, gpu_memory=0, gpu_model="T4"),  # untracked CPU/memory, unknown GPU memory
         NodeSpec("e0", 0, cpu=8, memory=32 * GI),  # CPU-only node
+        NodeSpec("f0", 8, gpu_memory=80 * GI, gpu_model="H100", cpu=64, memory=512 * GI, schedulable=False),
     ])
 
 
@@ -90,6 +91,7 @@ def test_policy_invariants_on_random_workload(policy, with_shapes):
 def test_none_when_nothing_fits_and_mask_excludes_all():
     state = cluster()
     for policy in POLICIES:
+        assert make_policy(policy, shapes=SHAPES).choose(ClusterState([]), PodRequest(1, MILLI)) is None
         pol = make_policy(policy, shapes=SHAPES)
         assert pol.choose(state, PodRequest(16, MILLI, 0, 0, 0)) is None  # no node has 16 GPUs
         assert pol.choose(state, PodRequest(1, MILLI), np.zeros(len(state.nodes), bool)) is None
