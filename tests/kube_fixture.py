@@ -22,7 +22,9 @@ that gpupool and KubeSpawner rely on; :class:`FakeKube` adds them:
 With ``KubeCluster(run_jobs=True)`` the kubelet really runs the command of gpupool job pods
 (label ``gpupool.io/component=job``) as a local process with the pod's environment and working
 directory (the job paths are the same on this machine), its output as the pod's log; deleting
-the pod sends it SIGTERM and SIGKILL when the grace period is over, as a kubelet does.
+the pod sends SIGTERM to its main process and, when the grace period is over, SIGKILL to every
+process of the "container" (found by a marker in their environment), as a kubelet does; when
+the main process ends, what is left of the container is killed too.
 
 The fake kubelet binds pods to the node named by their required node affinity (``matchFields
 metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName`` (else to the
@@ -404,9 +406,36 @@ def _node_ready(node: dict) -> bool:
     return True
 
 
+CONTAINER_ENV = "KUBE_FIXTURE_CONTAINER"
+
+
+def _kill_container(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL every process of the "container" (all carry its marker in their environment, the
+    kernel papermill starts in a session of its own too), as the end of a real container does."""
+    marker = getattr(proc, "container_marker", None)
+    if marker is None:
+        return
+    tag = f"{CONTAINER_ENV}={marker}\0".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if environ.startswith(tag) or b"\0" + tag in environ:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 async def _run_container(api: FakeKube, ns: str, name: str, container: dict) -> asyncio.subprocess.Process:
     """Start a container's command as a local process (its stdout becomes the pod's log)."""
     env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
+    marker = f"{ns}/{name}/{uuid.uuid4().hex}"
+    env[CONTAINER_ENV] = marker
     for e in container.get("env", []):
         ref = (e.get("valueFrom") or {}).get("secretKeyRef")
         env[e["name"]] = api.secret_value(ns, ref["name"], ref["key"]) or "" if ref else e.get("value", "")
@@ -414,6 +443,7 @@ async def _run_container(api: FakeKube, ns: str, name: str, container: dict) -> 
     cwd = container.get("workingDir")
     proc = await asyncio.create_subprocess_exec(*cmd, env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proc.container_marker = marker  # type: ignore[attr-defined]
 
     async def read() -> None:
         assert proc.stdout is not None
@@ -455,8 +485,9 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
                         elif grace < deleting[pkey][1]:
                             deleting[pkey] = (min(deleting[pkey][0], loop.time() + grace), grace)
                         if proc.returncode is None and loop.time() >= deleting[pkey][0]:
-                            proc.kill()  # grace over
+                            _kill_container(proc)  # grace over: the whole container goes
                     if proc.returncode is not None and phase not in ("Succeeded", "Failed"):
+                        _kill_container(proc)  # PID 1 ended: so does everything else in the container
                         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
                         await api.patch_object(PODS, ns, name, {"status": {
                             "phase": "Succeeded" if code == 0 else "Failed",
@@ -605,6 +636,7 @@ class KubeCluster:
             except asyncio.CancelledError:
                 pass
             for proc in list(self.api.procs.values()):  # no process outlives the cluster
+                _kill_container(proc)
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()

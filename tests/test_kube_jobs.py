@@ -354,6 +354,42 @@ async def test_image_of_the_users_notebook_server(backend, kube, tmp_path):
 
 # -- the job pod's entrypoint, for real ----------------------------------------------------------
 
+def test_entrypoint_sends_sigterm_to_the_notebook_when_the_grace_is_over(tmp_path):
+    """A notebook that ignores the stop request gets SIGTERM (papermill and its kernel) once the
+    grace period is over; the run ends with a failure code and says why."""
+    jdir = tmp_path / "j-000008"
+    jdir.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import time\nprint('ready', flush=True)\nfor _ in range(600):\n    time.sleep(0.1)")],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}),
+        str(jdir / "input.ipynb"))
+    spec = km.JobPodSpec(job_id="j-000008", run_id="j-000008.0", user="u", queue="q", image="-",
+                         placement=PodPlacement(0, "n", ()), notebook=str(jdir / "input.ipynb"),
+                         output=str(jdir / "output.ipynb"), log=str(jdir / "log.txt"), job_dir=str(jdir),
+                         checkpoint_dir=str(jdir / "checkpoints"), stop_file=str(jdir / "STOP"),
+                         home_mount=str(tmp_path), grace_seconds=1, python=sys.executable)
+    c = km.job_pod_manifest(spec)["spec"]["containers"][0]
+    env = {**os.environ, **{k: v for k, v in env_of({"spec": {"containers": [c]}}).items() if isinstance(v, str)}}
+    env.pop("NVIDIA_VISIBLE_DEVICES", None)
+    proc = subprocess.Popen([*c["command"], *c["args"]], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 90
+        while not ((jdir / "log.txt").exists() and "ready" in (jdir / "log.txt").read_text(errors="replace")):
+            assert time.time() < deadline and proc.poll() is None, "the notebook did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.decode(errors="replace")
+    assert "grace period over: SIGTERM to the notebook" in text, text
+    assert proc.returncode != 0 and (jdir / "STOP").exists()
+    assert json.loads((jdir / "runs" / "0" / "exit.json").read_text())["exit_code"] != 0
+
+
 def test_entrypoint_turns_sigterm_into_a_checkpoint(tmp_path):
     """What runs in the pod: run-job -> the local runner -> papermill -> a real kernel. SIGTERM to
     the entrypoint (the kubelet deleting the pod) writes the stop request; the notebook saves and
