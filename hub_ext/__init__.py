@@ -127,7 +127,9 @@ def configure(c: Any, *, spawner: bool = True) -> None:
         roles.append({"name": "user", "scopes": ["self"]})
     _merge_role(roles, "user", [SUBMIT_SCOPE])
     _merge_role(roles, "gpupool-admin", [ADMIN_SCOPE])
-    _merge_role(roles, f"{name}-service", [ADMIN_SCOPE, "read:users", "read:groups"], services=[name])
+    # list:users + read:servers: the service checks which servers the hub runs (workspace reconcile)
+    _merge_role(roles, f"{name}-service", [ADMIN_SCOPE, "read:users", "read:groups", "list:users", "read:servers"],
+                services=[name])
     c.JupyterHub.load_roles = roles
 
     current = _value(c.Spawner, "server_token_scopes", None)

@@ -34,6 +34,7 @@ from .auth import Authenticator, Identity
 from .config import GPUPoolConfigError, Settings, from_json
 from .loop import SchedulerLoop
 from .metrics import Metrics
+from .reconcile import WorkspaceReconciler
 
 log = logging.getLogger("gpupool")
 
@@ -329,6 +330,10 @@ async def serve(settings: Settings) -> int:
     auth = Authenticator(hub_auth, sessions, hub_auth.api_url, hub_auth.api_token, pool.group_cache_seconds)
     svc = Service(settings, sessions, loop, auth, metrics, nvml)
     await loop.start()  # re-adopt / finish / requeue what the last run left, before answering anyone
+    # workspaces whose server the hub no longer has (their release was lost): checked now and periodically
+    reconciler = WorkspaceReconciler(loop, sessions, hub_auth.api_url, hub_auth.api_token,
+                                     pool.workspace_reconcile_seconds, pool.workspace_release_grace)
+    reconciler.start()
     app = web.Application(routes(prefix), gpupool=svc, log_function=_log_request)
     server = app.listen(port, address=host, xheaders=True)
     log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),
@@ -341,6 +346,7 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
     log.info("stopping (running jobs keep running; the next start re-adopts them)")
     server.stop()
+    await reconciler.stop()
     await loop.stop()
     engine.dispose()
     lock.close()

@@ -172,6 +172,23 @@ class GPUPool(Configurable):
         30.0, help="How long the service caches a user's JupyterHub groups and admin flag."
     ).tag(config=True)
 
+    workspace_reconcile_seconds = Float(
+        30.0,
+        help="""Seconds between checks of workspaces against JupyterHub (and one at service start):
+        the service asks the hub which servers are running or starting (``GET /hub/api/users
+        ?state=active``) and releases the GPUs of a workspace whose server the hub no longer has
+        (e.g. the hub stopped its servers after it stopped this service, so their release never
+        arrived). The workspace ends ``cancelled`` with a reason saying so. 0 = never check.""",
+    ).tag(config=True)
+
+    workspace_release_grace = Float(
+        60.0,
+        help="""Seconds a workspace's server must be missing from JupyterHub, in consecutive checks,
+        before its workspace is released (a server that is starting or stopping counts as present;
+        the grace covers requests racing with a check). Nothing is released while the hub cannot
+        be asked.""",
+    ).tag(config=True)
+
 
 @dataclass
 class Settings:
@@ -246,7 +263,8 @@ def load(config: Config | GPUPool | dict, cwd: str | None = None, discover: bool
         raise GPUPoolConfigError(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
     if pool.cycle_seconds <= 0:
         raise GPUPoolConfigError("c.GPUPool.cycle_seconds: must be > 0")
-    for knob in ("preemption_grace", "min_runtime", "kill_after"):
+    for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
+                 "workspace_release_grace"):
         if getattr(pool, knob) < 0:
             raise GPUPoolConfigError(f"c.GPUPool.{knob}: must be >= 0")
     if "{" in pool.work_dir:

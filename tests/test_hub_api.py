@@ -21,7 +21,9 @@ NODES = [{"name": "box", "gpus": 2, "gpu_memory": "16Gi"}]
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("api"), gpupool={"queues": QUEUES, "nodes": NODES},
+    # workspaces here are requested through the API with no server behind them: no reconciling with
+    # the hub's servers (tests/test_spawner.py tests that with real servers)
+    h = Hub(tmp_path_factory.mktemp("api"), gpupool={"queues": QUEUES, "nodes": NODES, "workspace_reconcile_seconds": 0},
             users=["alice", "bob", "carol"], admins=["admin"], groups={"nlp": ["bob"]})
     with h:
         yield h
@@ -51,6 +53,8 @@ def test_configure_registers_service_scopes_roles_in_either_order():
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert roles["user"]["scopes"] == ["self", "read:groups", SUBMIT_SCOPE]  # merged, not replaced
     assert ADMIN_SCOPE in roles["gpupool-service"]["scopes"] and roles["gpupool-service"]["services"] == ["gpupool"]
+    # to check workspaces against the hub's servers (workspace reconcile)
+    assert {"list:users", "read:servers"} <= set(roles["gpupool-service"]["scopes"])
     assert c.Spawner.server_token_scopes == ["access:servers!server", SUBMIT_SCOPE]
     # a bad entry set after configure is refused when the hub starts the service, naming it
     c.GPUPool.nodes = [{"name": "n", "gpus": "four"}]

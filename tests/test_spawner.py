@@ -125,12 +125,9 @@ SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 LEAN = ("jupyterlab", "notebook", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    from hub_harness import Hub
-
-    tmp = tmp_path_factory.mktemp("spawner")
-    extra = f"""
+def _extra(tmp) -> str:
+    """Hub config for LocalGPUSpawner with lean single-user servers."""
+    return f"""
 c.JupyterHub.spawner_class = "gpupool.spawner.LocalGPUSpawner"
 c.LocalGPUSpawner.home_root = {str(tmp / 'home')!r}
 c.Spawner.cmd = [{SINGLEUSER!r}]
@@ -141,10 +138,19 @@ c.Spawner.poll_interval = 1
 c.LocalGPUSpawner.admission_poll_interval = 0.2
 c.LocalGPUSpawner.admission_timeout = 60
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
-c.Spawner.group_overrides = {{"impatient": {{"groups": ["impatient"],
-                                             "spawner_override": {{"admission_timeout": 2}}}},
-                              "broken": {{"groups": ["broken"],
-                                          "spawner_override": {{"cmd": ["/nonexistent/jupyterhub-singleuser"]}}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from hub_harness import Hub
+
+    tmp = tmp_path_factory.mktemp("spawner")
+    extra = _extra(tmp) + """
+c.Spawner.group_overrides = {"impatient": {"groups": ["impatient"],
+                                           "spawner_override": {"admission_timeout": 2}},
+                             "broken": {"groups": ["broken"],
+                                        "spawner_override": {"cmd": ["/nonexistent/jupyterhub-singleuser"]}}}
 """
     gp = {"nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi", "gpu_model": "L4"}],
           "queues": [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice", "dave"], "groups": ["impatient", "broken"]},
@@ -384,6 +390,62 @@ def test_options_form_lists_the_users_queues(hub):
     assert "each GPU has 24Gi (L4)" in alice and 'name="preemptible"' in alice
     admin = page("admin")  # hub admins may use every queue
     assert 'option value="vision"' in admin and 'option value="nlp"' in admin
+
+
+@pytest.mark.hub
+def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
+    """JupyterHub stops its services before its servers: on a hub restart the servers' releases
+    cannot reach the gpupool service. The service asks the hub which servers it has and frees the
+    GPUs of the others; a server that is still starting keeps its request."""
+    import sqlite3
+
+    from hub_harness import Hub, notebook
+
+    gp = {"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "24Gi"}], "queues": [{"name": "lab", "deserved": {"gpu": 1}}],
+          "workspace_reconcile_seconds": 0.5, "workspace_release_grace": 2}
+    with Hub(tmp_path, gpupool=gp, users=["alice", "bob", "carol"], admins=["admin"],
+             extra_config=_extra(tmp_path)) as hub:
+        _start(hub, "alice", {"gpus": 1})
+        _wait_ready(hub, "alice")
+        # bob's job waits for alice's GPU
+        bob = hub.token("bob")
+        r = hub.api("POST", "jobs", bob, json={"notebook_content": notebook("print('ran')"), "gpus": 1})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        # carol's server waits in the queue: it is starting in the hub's view, so the checks (every
+        # 0.5 s, grace 2 s) leave her request alone, and alice's running server keeps its GPU
+        _start(hub, "carol", {"gpus": 1}, expect=(202,))
+        hub.wait_for(lambda: (_workspace(hub, "carol") or {}).get("status") == "queued", 20)
+        time.sleep(4)
+        assert _workspace(hub, "carol")["status"] == "queued" and _server(hub, "carol")["pending"] == "spawn"
+        assert _workspace(hub, "alice")["status"] == "running"
+        assert hub.api("GET", f"jobs/{jid}", bob).json()["status"] == "queued"
+        _stop(hub, "carol")  # the normal path: the spawner withdraws her request
+        assert _workspace(hub, "carol") is None
+
+        # the hub restarts: it stops the gpupool service first, then alice's server, whose release fails
+        hub.stop()
+        assert "could not release" in hub.hub_log()
+        db = sqlite3.connect(str(hub.dir / "gpupool.sqlite"))
+        ((status, allocation),) = db.execute(
+            "SELECT status, allocation FROM workloads WHERE type = 'workspace' AND user = 'alice'").fetchall()
+        db.close()
+        assert status == "running" and allocation not in (None, "null")  # still holds the GPU
+
+        hub.start()
+        # at start and every 0.5 s the service compares with the hub: alice's server is gone, so
+        # after the grace her GPU is released and bob's queued job gets it
+        job = hub.wait_job(bob, jid, {"starting", "running", "succeeded"}, 60)
+        assert job["allocation"] or job["status"] == "succeeded", job
+        assert _workspace(hub, "alice") is None
+        db = sqlite3.connect(str(hub.dir / "gpupool.sqlite"))
+        ((status, allocation, reason),) = db.execute(
+            "SELECT status, allocation, reason FROM workloads WHERE type = 'workspace' AND user = 'alice'").fetchall()
+        db.close()
+        assert status == "cancelled" and allocation in (None, "null"), (status, allocation)
+        assert reason.startswith("released: the hub reports server alice/ not running"), reason
+        log = hub.service_log()
+        assert "released workspace w-" in log and "the hub reports server alice/ not running" in log
 
 
 @pytest.mark.hub
