@@ -646,6 +646,7 @@ class KubeJobBackend(JobBackend):
         uuids, gpu_memory = self._node_info(placement.node)
         job_root = os.path.dirname(spec.job_dir.rstrip("/"))
         env = dict(spec.env)
+        env.setdefault("JUPYTERHUB_USER", spec.user)
         if self.kube.api_url:
             env["GPUPOOL_API_URL"] = self.kube.api_url
         memory = getattr(spec, "memory", 0) or (parse_bytes(self.kube.memory) if self.kube.memory else 0)
