@@ -172,7 +172,11 @@ async def test_fraction_profile_pins_the_gpu_uuid(hub, kube):
 async def test_bad_requests_are_refused_with_the_field(hub, kube):
     kube.add_node("n1", 4)
     profiles = [{"display_name": "Broken", "slug": "broken", "kubespawner_override": {"gpupool": {"gpu": 1}}},
-                {"display_name": "Ok", "slug": "ok", "default": True}]
+                {"display_name": "Ok", "slug": "ok", "default": True},
+                {"display_name": "GPU (vision)", "slug": "gpu", "kubespawner_override": {"gpupool": {"queue": "vision"}},
+                 "profile_options": {"size": {"display_name": "GPUs", "choices": {
+                     "half": {"display_name": "half", "kubespawner_override": {"gpupool": {"gpus": 0.5}}},
+                     "one": {"display_name": "one", "default": True, "kubespawner_override": {"gpupool": {"gpus": 1}}}}}}}]
     sp = make_spawner(hub, kube, profile_list=profiles)
     try:
         with pytest.raises(SpawnException, match="kubespawner_override.gpupool.gpu: unknown key"):
@@ -181,6 +185,10 @@ async def test_bad_requests_are_refused_with_the_field(hub, kube):
             await sp.validate_gpu_options({"profile": "nope"})
         req = await sp.validate_gpu_options({"profile": "ok"})
         assert not req.wants_gpu
+        # a profile option's choice carries the GPU count; the profile the queue
+        req = await sp.validate_gpu_options({"profile": "gpu", "size": "half"})
+        assert (req.gpus, req.queue) == (0.5, "vision")
+        assert (await sp.validate_gpu_options({"profile": "gpu"})).gpus == 1  # the default choice
         plain = make_spawner(hub, kube)
         with pytest.raises(SpawnException) as e:
             await plain.validate_gpu_options({"gpus": 1, "queue": "nlp"})  # bob's queue
