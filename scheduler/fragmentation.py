@@ -99,6 +99,7 @@ class FragModel:
 
     def _bind(self, state: ClusterState) -> None:
         N = len(state.nodes)
+        self._hyb = self.measure == "hybrid" and self.beta > 0  # fixed until the next bind
         self._nodes_ref = state.nodes
         self._sig = self._signature(state)
         # per-node per-shape milli demand and GPU-model access
@@ -159,12 +160,12 @@ class FragModel:
         tot = free.sum(axis=1)
         cnt = ge.sum(axis=2)
         small = tot[:, None] - (free[:, None, :] * ge).sum(axis=2)
-        slots = (free[:, None, :] // np.maximum(m, 1)[:, :, None]).sum(axis=2) if self.measure != "fgd" else cnt
+        slots = (free[:, None, :] // np.maximum(m, 1)[:, :, None]).sum(axis=2) if self._hyb else cnt
         F = self._combine(rows, tot, cnt, small, cpu, mem, slots)
         return tot, cnt, small, slots, F
 
     def _combine(self, rows, tot, cnt, small, cpu, mem, slots=None):
-        if self.measure == "hybrid":
+        if self._hyb:
             # FGD's GPU fragments, plus GPU capacity that CPU or memory leaves stranded
             k = np.maximum(self.k, 1)
             qg = slots // k
@@ -189,7 +190,7 @@ class FragModel:
         small = self.small[rows] - np.where(f < m, f, 0) + np.where(f2 < m, f2, 0)
         tot = self.tot[rows] - milli
         slots = None
-        if self.measure != "fgd":
+        if self._hyb:
             mm = np.maximum(m, 1)
             slots = self.slots[rows] - f // mm + f2 // mm
         return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory, slots)
@@ -201,7 +202,7 @@ class FragModel:
         small = self.small[rows] - k * MILLI * (m > MILLI)  # free 1000 -> 0 is 'small' for m >= 1
         tot = self.tot[rows] - k * MILLI
         slots = None
-        if self.measure != "fgd":
+        if self._hyb:
             slots = self.slots[rows] - k * (MILLI // np.maximum(m, 1))
         return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory, slots)
 

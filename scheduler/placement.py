@@ -15,13 +15,17 @@ per node). ``choose`` never mutates ``state``; the caller applies the choice wit
 any); weights are relative arrival frequencies. ``typical_shapes()`` derives them from a list of
 requests the way the FGD paper does. Policies:
 
-* ``default``: what the live scheduler uses. FGD with memory-aware fragmentation, the paper's
-  coarse scores, ties to nodes already in use and then a fixed node order (consolidation); the
-  exact fragmentation decrease picks the GPU within a node. Without shapes: a normalised best fit.
-* ``fgd``: Fragmentation Gradient Descent as the paper's simulator scores it (integer scores
-  ``int(100*sigmoid(delta/1000))``, random tie-breaks), the reference to beat.
+* ``default``: what the live scheduler uses. FGD with CPU/memory-aware fragmentation (GPU capacity
+  stranded by CPU counts when the workload is CPU-hungry), GPU models oversubscribed by
+  model-constrained shapes kept for those, the paper's coarse scores, ties to nodes already in use
+  and then a fixed node order (consolidation); the exact fragmentation decrease picks the GPU
+  within a node. Without shapes: a normalised best fit.
+* ``fgd``: Fragmentation Gradient Descent as the paper's simulator scores it (the 95% most
+  frequent shapes, integer scores ``int(100*sigmoid(delta/1000))``, ties to a seeded random node
+  order as its simulator does), the reference to beat.
 * ``bestfit``: the paper's BestFit baseline: ``1 - 0.5*cpu_free_after/128 cores
-  - 0.5*gpu_free_after/8 GPUs`` truncated to an integer 0..100, random tie-breaks, tightest GPU.
+  - 0.5*gpu_free_after/8 GPUs`` truncated to an integer 0..100, ties to a seeded random node
+  order, tightest GPU.
 * ``random``: the paper's Random-fit baseline: a uniformly random feasible node (and GPU).
 * ``firstfit``: the first feasible node in order (simple, deterministic).
 
