@@ -415,16 +415,12 @@ class Cycle:
 
 def _queue_order(ctx: Cycle) -> Callable[[str], tuple]:
     """Hierarchical order: compare the queues' ancestries level by level from the root, each
-    level by allocated / fair share (lowest first), then queue priority. A project of a department
-    that is above its fair share waits behind every project of a department below its own."""
-    def level(q: str) -> tuple:
-        fair = ctx.fair[q].get("gpu", 0.0)
-        eff = ctx.effective(q)[0] + ctx.reserved[q]
-        ratio = eff / fair if fair > EPS else (0.0 if eff <= EPS else float("inf"))
-        return (ratio, -ctx.tree.queues[q].priority, q)
-
+    level by GPUs held above fair share (furthest below first), then queue priority. A project of
+    a department that is above its fair share waits behind every project of a department below
+    its own. The measure is the one reclaim's stability rule uses, so what a reclaim frees goes
+    to the reclaimer's side, never straight back to the victim's."""
     def key(q: str) -> tuple:
-        return tuple(level(x) for x in ctx.tree.path(q))
+        return tuple((ctx.over(x), -ctx.tree.queues[x].priority, x) for x in ctx.tree.path(q))
     return key
 
 
@@ -537,28 +533,30 @@ class Budget:
 
 class ReclaimBudget(Budget):
     """Reclaim's stability rule, checked in O(1) per victim: after the move, the victim's side
-    (where the two queues' ancestries split) stays at least as far over its fair share as the
-    reclaimer's side ends up. Victims already taken in the plan count against their side."""
+    (where the two queues' ancestries split) must stay strictly better off, relative to its fair
+    share, than the reclaimer's side was before it. Strictness is what rules out ping-pong: the
+    reverse move would need the opposite strict inequality. Victims already taken in the plan
+    count against their side."""
 
-    def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
-        self.ctx, self.reclaimer, self.amount = ctx, reclaimer, amount
-        self.sides: dict[str, tuple[str, float, float]] = {}  # victim queue -> (side, over, limit)
+    def __init__(self, ctx: Cycle, reclaimer: str):
+        self.ctx, self.reclaimer = ctx, reclaimer
+        self.sides: dict[str, tuple[str, float, float]] = {}  # victim queue -> (side, its over, reclaimer's)
         self.gone: dict[str, float] = {}
 
     def _side(self, queue: str) -> tuple[str, float, float]:
         hit = self.sides.get(queue)
         if hit is None:
             aq, ap = self.ctx.tree.split(self.reclaimer, queue)
-            hit = self.sides[queue] = (ap, self.ctx.over(ap), self.ctx.over(aq, self.amount))
+            hit = self.sides[queue] = (ap, self.ctx.over(ap), self.ctx.over(aq))
         return hit
 
     def reset(self) -> None:
         self.gone.clear()
 
     def allows(self, v: Workload) -> bool:
-        side, over, reclaimer_after = self._side(v.queue)
+        side, over, reclaimer_before = self._side(v.queue)
         victim_after = over - self.gone.get(side, 0.0) - self.ctx.amounts[v.id][0]
-        return victim_after >= reclaimer_after - EPS
+        return victim_after > reclaimer_before + EPS
 
     def take(self, v: Workload) -> None:
         side = self._side(v.queue)[0]
@@ -738,7 +736,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
                 cands.extend(v for v in vs if v.id not in ctx.evicted)
         cands = ctx.victim_order(cands)
 
-        victims = _make_room(ctx, c, cands, ReclaimBudget(ctx, w.queue, c.amount[0])) if cands else None
+        victims = _make_room(ctx, c, cands, ReclaimBudget(ctx, w.queue)) if cands else None
         if victims is None:
             tried.add(key)
             left.append(c)
