@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, PodPlacement, SchedulerConfig, Snapshot, Workload
+from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, SchedulerConfig, Snapshot, Workload
 
 from .scenario import Scenario, WorkloadEntry, fresh_workloads
 
