@@ -11,7 +11,7 @@ deps: $(VENV)/.installed node_modules/.bin/configurable-http-proxy
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 

@@ -178,6 +178,7 @@ def shared_hub(request, tmp_path_factory) -> Hub:
     if hub is None:
         hub = Hub(tmp_path_factory.mktemp("gpupool-client"), gpupool=SETTINGS, users=["alice", "bob"], admins=["admin"])
         hub.start()
+        hub.session_owned = True  # shared by the client, CLI, sweep and widget tests
         request.config.add_cleanup(hub.stop)
         for user in ("alice", "bob"):
             for name, nb in NOTEBOOKS.items():
