@@ -180,6 +180,7 @@ class Cycle:
         self.policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
         self.future_policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
         self.failed_shapes: set[tuple] = set()
+        self.failed_requests: dict[tuple, Candidate] = {}  # raw request -> the candidate that failed
         self.reasons: dict[tuple, tuple[str, str]] = {}  # capacity reasons by shape, reset on binds
         self.evicted: set[str] = set()
         self.reserved: dict[str, float] = {n: 0.0 for n in names}
@@ -434,23 +435,40 @@ def _by_queue(ctx: Cycle, workloads: Iterable[Workload]) -> dict[str, list[Workl
 
 
 def allocate(ctx: Cycle) -> list[Candidate]:
-    """Bind pending workloads where they fit now, queues furthest below their fair share first;
-    within a queue by priority, then submit time. Returns the candidates that did not fit.
+    """Bind pending workloads where they fit now. Returns the candidates that did not fit.
 
-    A queue keeps its turn through consecutive failures (the order between queues only changes
-    when something binds), and a shape that failed to place is not tried again this cycle:
-    capacity only shrinks during allocate."""
+    Two passes. The first binds only workloads that keep their queue, at every level, within its
+    fair share; the second lends what is still idle to the rest (work-conserving borrowing).
+    So GPUs freed by a reclaim go to the queue that is owed them, never back to the victim's
+    queue (which would then be reclaimed again). In each pass queues are served furthest below
+    their fair share first (hierarchically), and within a queue by priority, then submit time."""
     queues = _by_queue(ctx, ctx.pending)
     positions = ctx.result.positions
     for lst in queues.values():
         for pos, w in enumerate(lst, 1):
             positions[w.id] = pos
+    failed: list[Candidate] = []
+    deferred: dict[str, list[Workload]] = {}
+    _allocate_pass(ctx, queues, failed, deferred)
+    _allocate_pass(ctx, deferred, failed, None)
+    for c in failed:
+        ctx.result.pending[c.w.id] = f"queued in {c.w.queue}: position {positions[c.w.id]}, {c.reason}"
+    return failed
+
+
+def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[Candidate],
+                   deferred: dict[str, list[Workload]] | None) -> None:
+    """One allocate pass. With ``deferred``, workloads that would take their queue above its fair
+    share are set aside there instead of tried.
+
+    A queue keeps its turn through consecutive failures (the order between queues only changes
+    when something binds), and a shape that failed to place is not tried again this cycle:
+    capacity only shrinks during allocate."""
     key = _queue_order(ctx)
     heap = [(key(q), q, 0) for q in queues]
     heapq.heapify(heap)
-    failed: list[Candidate] = []
     dead = ctx.failed_shapes
-    dead_raw: dict[tuple, Candidate] = {}  # raw request -> the candidate that failed to place
+    dead_raw = ctx.failed_requests
     while heap:
         k, q, i = heapq.heappop(heap)
         fresh = key(q)
@@ -460,6 +478,7 @@ def allocate(ctx: Cycle) -> list[Candidate]:
         lst = queues[q]
         n = len(lst)
         check_quota = ctx.limited[q]
+        path = ctx.tree.path(q)
         bound = False
         while i < n and not bound:
             w = lst[i]
@@ -474,6 +493,9 @@ def allocate(ctx: Cycle) -> list[Candidate]:
             if block:
                 c.failure, c.reason = "quota", f"waiting: {block}"
                 failed.append(c)
+                continue
+            if deferred is not None and c.amount[0] > 0 and any(ctx.over(x, c.amount[0]) > EPS for x in path):
+                deferred.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
                 continue
             shape = c.shape
             if shape not in dead:
@@ -491,9 +513,6 @@ def allocate(ctx: Cycle) -> list[Candidate]:
             failed.append(c)
         if i < n:
             heapq.heappush(heap, (key(q), q, i))
-    for c in failed:
-        ctx.result.pending[c.w.id] = f"queued in {c.w.queue}: position {positions[c.w.id]}, {c.reason}"
-    return failed
 
 
 def _pipeline(ctx: Cycle, c: Candidate) -> bool:
@@ -532,31 +551,55 @@ class Budget:
 
 
 class ReclaimBudget(Budget):
-    """Reclaim's stability rule, checked in O(1) per victim: after the move, the victim's side
-    (where the two queues' ancestries split) must stay strictly better off, relative to its fair
-    share, than the reclaimer's side was before it. Strictness is what rules out ping-pong: the
-    reverse move would need the opposite strict inequality. Victims already taken in the plan
-    count against their side."""
+    """Which borrowers a reclaim may take, checked in O(1) per victim. Queues are compared where
+    their ancestries split (the reclaimer's side and the victim's side). Either rule suffices:
 
-    def __init__(self, ctx: Cycle, reclaimer: str):
-        self.ctx, self.reclaimer = ctx, reclaimer
-        self.sides: dict[str, tuple[str, float, float]] = {}  # victim queue -> (side, its over, reclaimer's)
+    * guarantee: the reclaimer's side ends within its deserved quota, and the victim's side still
+      holds more than its own deserved quota before this victim goes (only borrowed capacity is
+      taken back, even if a whole gang must go);
+    * fair share: the victim's side ends strictly better off, relative to its fair share, than
+      the reclaimer's side was before.
+
+    Neither allows the reverse move afterwards (the reclaimer's side is then within its deserved
+    quota and its fair share), so capacity never ping-pongs. Victims already taken in the plan
+    count against their side. ``refused`` names the last side a victim was refused for."""
+
+    def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
+        self.ctx, self.reclaimer, self.amount = ctx, reclaimer, amount
+        self.sides: dict[str, tuple] = {}  # victim queue -> (side, its over, its held, its deserved,
+        #                                    reclaimer side's over, reclaimer side within deserved after)
         self.gone: dict[str, float] = {}
+        self.refused = ""
 
-    def _side(self, queue: str) -> tuple[str, float, float]:
+    def _side(self, queue: str) -> tuple:
         hit = self.sides.get(queue)
         if hit is None:
-            aq, ap = self.ctx.tree.split(self.reclaimer, queue)
-            hit = self.sides[queue] = (ap, self.ctx.over(ap), self.ctx.over(aq))
+            ctx = self.ctx
+            aq, ap = ctx.tree.split(self.reclaimer, queue)
+            held_q = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+            hit = self.sides[queue] = (
+                ap, ctx.over(ap), ctx.effective(ap)[0] + ctx.reserved[ap],
+                ctx.tree.queues[ap].deserved.get("gpu", 0.0), ctx.over(aq),
+                held_q <= ctx.tree.queues[aq].deserved.get("gpu", 0.0) + EPS)
         return hit
+
+    def candidate_side(self, queue: str) -> bool:
+        """Could any workload of ``queue`` be a victim (before any is taken)?"""
+        _, over, held, deserved, _, guaranteed = self._side(queue)
+        return over > EPS or (guaranteed and held > deserved + EPS)
 
     def reset(self) -> None:
         self.gone.clear()
 
     def allows(self, v: Workload) -> bool:
-        side, over, reclaimer_before = self._side(v.queue)
-        victim_after = over - self.gone.get(side, 0.0) - self.ctx.amounts[v.id][0]
-        return victim_after > reclaimer_before + EPS
+        side, over, held, deserved, reclaimer_before, guaranteed = self._side(v.queue)
+        gone = self.gone.get(side, 0.0)
+        if over - gone - self.ctx.amounts[v.id][0] > reclaimer_before + EPS:
+            return True
+        if guaranteed and held - gone > deserved + EPS:
+            return True
+        self.refused = side
+        return False
 
     def take(self, v: Workload) -> None:
         side = self._side(v.queue)[0]
@@ -690,19 +733,17 @@ def _preemptible_running(ctx: Cycle) -> list[Workload]:
 
 
 def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
-    """A queue below its fair share takes back borrowed capacity from queues above theirs,
-    compared where their ancestries split; the victim side never ends further below its fair
-    share than the reclaimer (no ping-pong)."""
+    """A queue below its fair share takes back borrowed capacity, comparing queues where their
+    ancestries split; ``ReclaimBudget`` says which borrowers may go (no ping-pong)."""
     left: list[Candidate] = []
     pool: dict[str, list[Workload]] = {}
     for v in _preemptible_running(ctx):
         pool.setdefault(v.queue, []).append(v)
-    tried: set[tuple] = set()  # (shape, queue) that found no valid victims this cycle
+    tried: dict[tuple, str] = {}  # (shape, queue) that found no victims this cycle -> why not
     headroom: dict[str, float] = {}  # GPUs a queue may still take up to its fair share
     groups: dict[str, list[Candidate]] = {}
     for c in failed:
         groups.setdefault(c.w.queue, []).append(c)
-    over_cache: dict[str, float] = {}  # ctx.over() by queue, cleared when accounting changes
     todo: list[Candidate] = []
     for q, lst in groups.items():
         headroom[q] = -ctx.over(q)
@@ -718,42 +759,46 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             continue
         if _pipeline(ctx, c):
             headroom[w.queue] = room - c.amount[0]
-            over_cache.clear()
             continue
         key = (c.shape, w.queue)
         if key in tried:
+            _explain_refusal(ctx, c, tried[key])
             left.append(c)
             continue
+        budget = ReclaimBudget(ctx, w.queue, c.amount[0])
         cands = []
         for p, vs in pool.items():
-            if p == w.queue:
-                continue
-            side = ctx.tree.split(w.queue, p)[1]
-            over = over_cache.get(side)
-            if over is None:
-                over = over_cache[side] = ctx.over(side)
-            if over > EPS:
+            if p != w.queue and budget.candidate_side(p):
                 cands.extend(v for v in vs if v.id not in ctx.evicted)
         cands = ctx.victim_order(cands)
-
-        victims = _make_room(ctx, c, cands, ReclaimBudget(ctx, w.queue)) if cands else None
+        victims = _make_room(ctx, c, cands, budget) if cands else None
         if victims is None:
-            tried.add(key)
+            why = ""
+            if budget.refused:
+                why = (f"not reclaiming: the borrowed GPUs that would make room belong to {budget.refused}, "
+                       f"and taking them would leave it further below its fair share than {w.queue} is")
+            tried[key] = why
+            _explain_refusal(ctx, c, why)
             left.append(c)
             continue
         ctx.claim(c)
-        over_cache.clear()
         headroom[w.queue] = room - c.amount[0]
         fair = format_amount("gpu", ctx.fair[w.queue].get("gpu", 0.0))
         for v in victims:
-            ap = ctx.tree.split(w.queue, v.queue)[1]
-            ctx.evict(v, "reclaim", (f"preempted: reclaimed by queue {w.queue} (below its fair share of {fair}; "
-                                     f"{ap} holds more than its fair share of "
-                                     f"{format_amount('gpu', ctx.fair[ap].get('gpu', 0.0))})"), w.id)
+            ap, _, held, deserved = budget.sides[v.queue][:4]
+            ctx.evict(v, "reclaim", (f"preempted: reclaimed by queue {w.queue}, which is below its fair share "
+                                     f"({fair}); {ap} holds {held:g} GPUs (deserved {deserved:g}, fair share "
+                                     f"{ctx.fair[ap].get('gpu', 0.0):g})"), w.id)
         ctx.result.pending[w.id] = (f"queued in {w.queue}: position {ctx.result.positions.get(w.id, 1)}, "
                                     f"reclaiming {format_amount('gpu', c.amount[0])} from other queues; "
                                     f"starts when the preempted workloads have checkpointed")
     return left
+
+
+def _explain_refusal(ctx: Cycle, c: Candidate, why: str) -> None:
+    if why:
+        ctx.result.pending[c.w.id] = (f"queued in {c.w.queue}: position {ctx.result.positions.get(c.w.id, 1)}, "
+                                      f"{c.reason}; {why}")
 
 
 def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
