@@ -194,7 +194,8 @@ class SchedulerLoop:
                        log=os.path.join(jdir, "log.txt"), parameters=row.parameters or {},
                        workdir=self.workdir(row.user), job_dir=jdir, checkpoint_dir=ckpt,
                        stop_file=env["GPUPOOL_STOP_FILE"], env=env, placements=list(row.allocation or []),
-                       kernel_name=self.pool.kernel_name, python=self.pool.job_python, run_as=run_as)
+                       kernel_name=self.pool.kernel_name, python=self.pool.job_python, run_as=run_as,
+                       queue=row.queue or "", kind=row.kind or "", cpu=float(row.cpu or 0), memory=int(row.memory or 0))
 
     # ------------------------------------------------------------------ recovery
     async def recover(self) -> None:

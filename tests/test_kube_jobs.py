@@ -502,7 +502,8 @@ def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
     for i in range(2):
         r = hub.api("POST", "jobs", bob, json={
             "notebook": "train_checkpoint.ipynb", "gpus": 1, "name": f"bob-{i}",
-            "parameters": {"steps": 30, "step_seconds": 0.25, "steps_file": f"steps-{i}.txt"}})
+            "parameters": {"steps": 30, "step_seconds": 0.25, "steps_file": f"steps-{i}.txt"},
+            **({"cpu": 2, "memory": "3Gi"} if i == 0 else {})})
         assert r.status_code == 201, r.text
         jobs.append(r.json()["id"])
     for j in jobs:
@@ -511,8 +512,14 @@ def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
     assert sorted(p["metadata"]["labels"]["gpupool.io/job-id"] for p in pods) == sorted(jobs)
     for p in pods:
         assert p["metadata"]["labels"]["gpupool.io/user"] == "bob"
-        if "queue" in JobSpec.__dataclass_fields__:  # the service hands the queue to backends
-            assert p["metadata"]["labels"]["gpupool.io/queue"] == "nlp"
+        assert p["metadata"]["labels"]["gpupool.io/queue"] == "nlp"  # the service hands the queue to the backend
+        assert p["metadata"]["labels"]["gpupool.io/kind"] == "train"
+        res = p["spec"]["containers"][0]["resources"]
+        if p["metadata"]["labels"]["gpupool.io/job-id"] == jobs[0]:  # the job's own CPU/memory request
+            assert res["requests"]["cpu"] == "2000m" and res["requests"]["memory"] == str(3 * 2**30), res
+            assert res["limits"]["memory"] == str(3 * 2**30), res
+        else:  # none asked: the backend's defaults (none set here)
+            assert "cpu" not in res.get("requests", {}) and "memory" not in res.get("requests", {}), res
         assert p["spec"]["nodeName"] == "box"
         assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
         kubernetes_validate.validate(p, K8S_VERSION)

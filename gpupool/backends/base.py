@@ -60,6 +60,10 @@ class JobSpec:
     kernel_name: str = ""
     python: str = ""  # interpreter that runs papermill
     run_as: str | None = None  # system user to run as (None: the service's own user)
+    queue: str = ""  # the job's queue (Kubernetes: the pod's gpupool.io/queue label)
+    kind: str = ""  # train | build | inference ... (Kubernetes: the gpupool.io/kind label)
+    cpu: float = 0.0  # CPU cores the job asked for (0: the backend's default)
+    memory: int = 0  # bytes of memory the job asked for (0: the backend's default)
 
 
 @dataclass

@@ -649,14 +649,14 @@ class KubeJobBackend(JobBackend):
         env.setdefault("JUPYTERHUB_USER", spec.user)
         if self.kube.api_url:
             env["GPUPOOL_API_URL"] = self.kube.api_url
-        memory = getattr(spec, "memory", 0) or (parse_bytes(self.kube.memory) if self.kube.memory else 0)
+        memory = spec.memory or (parse_bytes(self.kube.memory) if self.kube.memory else 0)
         pod = km.JobPodSpec(
-            job_id=spec.job_id, run_id=spec.run_id, user=spec.user, queue=str(getattr(spec, "queue", "") or ""),
-            kind=str(getattr(spec, "kind", "") or "train"), image=image, placement=placement,
+            job_id=spec.job_id, run_id=spec.run_id, user=spec.user, queue=spec.queue,
+            kind=spec.kind or "train", image=image, placement=placement,
             notebook=spec.notebook, output=spec.output, log=spec.log, job_dir=spec.job_dir,
             checkpoint_dir=spec.checkpoint_dir, stop_file=spec.stop_file, namespace=self.namespace,
             attempt=spec.attempt, parameters=dict(spec.parameters or {}), env=env, gpu_uuids=uuids,
-            gpu_memory=gpu_memory, cpu=float(getattr(spec, "cpu", 0) or self.kube.cpu), memory=int(memory),
+            gpu_memory=gpu_memory, cpu=float(spec.cpu or self.kube.cpu), memory=int(memory),
             home_claim=self._home_claim(spec.user), home_mount=self.kube.home_mount,
             jobs_claim=self.kube.jobs_claim or None, jobs_mount=self.kube.jobs_mount or job_root,
             grace_seconds=float(self._pool("preemption_grace", 30.0)), kill_after=float(self._pool("kill_after", 5.0)),
