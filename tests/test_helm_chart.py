@@ -148,6 +148,13 @@ def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, 
     assert svc["environment"]["GPUPOOL_KUBE_CONFIG"] == str(tmp_path / "kube.json")
     assert svc["environment"]["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"  # in-cluster API for the backend
     assert c.GPUPoolKubeSpawner.gpupool_url == "http://10.1.2.3:10101/services/gpupool/"
+    # the service's role (from configure(c)): workspace reconciliation lists users and their servers
+    from jupyterhub.scopes import scope_definitions
+
+    svc_scopes = set().union(*(r.get("scopes", []) for r in c.JupyterHub.load_roles
+                               if "gpupool" in r.get("services", [])))
+    assert {"list:users", "read:servers", "custom:gpupool:admin"} <= svc_scopes, c.JupyterHub.load_roles
+    assert all(sc in scope_definitions or sc in c.JupyterHub.custom_scopes for sc in svc_scopes), svc_scopes
     kube = load_settings()
     assert kube.namespace == "jhub" and kube.jobs_claim in ("lab-gpupool-jobs", "lab-nfs-jobs")
     assert kube.image == "ghcr.io/gpupool/hub:0.1.0" and kube.jobs_mount == c.GPUPool.job_root
