@@ -70,6 +70,9 @@ class ClusterState:
         self.models = sorted({nd.gpu_model for nd in self.nodes})
         self.model_id = np.array([self.models.index(nd.gpu_model) for nd in self.nodes], dtype=np.int64)
         self.schedulable = np.array([nd.schedulable for nd in self.nodes], dtype=bool)
+        # Rows touched by take/give, in order: caches of per-node scores (fragmentation) follow
+        # the log instead of comparing the whole cluster on every placement.
+        self.log: list[int] = []
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def milli_on(self, node: int, req: PodRequest) -> int:
@@ -82,12 +85,14 @@ class ClusterState:
         return req.milli
 
     def take(self, node: int, gpus: Sequence[int], milli: int, cpu_milli: int, memory: int) -> None:
+        self.log.append(node)
         for g in gpus:
             self.gpu_free[node, g] -= milli
         self.cpu_free[node] -= cpu_milli
         self.mem_free[node] -= memory
 
     def give(self, node: int, gpus: Sequence[int], milli: int, cpu_milli: int, memory: int) -> None:
+        self.log.append(node)
         for g in gpus:
             self.gpu_free[node, g] += milli
         self.cpu_free[node] += cpu_milli
@@ -112,6 +117,7 @@ class ClusterState:
         c.gpu_free = self.gpu_free.copy()
         c.cpu_free = self.cpu_free.copy()
         c.mem_free = self.mem_free.copy()
+        c.log = []  # a new state: its readers start with a full comparison
         return c
 
     def node_mask(self, selector: dict[str, str]) -> np.ndarray | None:

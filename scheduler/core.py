@@ -107,7 +107,7 @@ def raw_key(w: Workload) -> tuple:
 class Cycle:
     """Working context of one scheduling cycle."""
 
-    def __init__(self, snap: Snapshot, cfg: SchedulerConfig):
+    def __init__(self, snap: Snapshot, cfg: SchedulerConfig, policies: dict | None = None):
         self.snap = snap
         self.cfg = cfg
         self.now_t = snap.now
@@ -123,6 +123,7 @@ class Cycle:
         self._reqs: dict[tuple, PodRequest] = {}
         self._masks: dict[tuple, np.ndarray | None] = {}
         self._pending_amounts: dict[tuple, Vec] = {}
+        self._topology: list[tuple[str, np.ndarray]] | None = None
         self.amounts: dict[str, Vec] = {}
         leaf_alloc: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         leaf_rel: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
@@ -132,6 +133,7 @@ class Cycle:
         self.pending: list[Workload] = []
         self.running: list[Workload] = []
         releasing: list[Workload] = []
+        held: list[Workload] = []
         for w in self.workloads:
             amt = self.amounts[w.id] = self.amount(w)
             d = demand_leaf[w.queue]
@@ -143,8 +145,7 @@ class Cycle:
             if w.phase == Phase.PENDING:
                 self.pending.append(w)
                 continue
-            for p in w.placements:
-                self.now.take_placement(p, w)
+            held.append(w)
             for acc, on in ((leaf_alloc, True), (leaf_nonpre, not w.preemptible),
                             (leaf_rel, w.phase == Phase.RELEASING)):
                 if on:
@@ -158,6 +159,7 @@ class Cycle:
         self.alloc = self._rollup(leaf_alloc)
         self.releasing = self._rollup(leaf_rel)
         self.nonpre = self._rollup(leaf_nonpre)
+        self._take_all(held)
         self.future = self.now.copy()
         for w in releasing:
             for p in w.placements:
@@ -175,10 +177,14 @@ class Cycle:
                 gpu_shapes[req] = gpu_shapes.get(req, 0.0) + count
         total = sum(gpu_shapes.values()) or 1.0
         self.shapes = sorted(((r, c / total) for r, c in gpu_shapes.items()), key=lambda rc: rc[0].shape)
-        # one policy instance per capacity view: fragmentation-aware policies cache per-node
-        # scores and would recompute every row that differs each time the view switched
-        self.policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
-        self.future_policy = make_policy(cfg.placement, shapes=self.shapes, seed=cfg.seed)
+        # one policy instance per capacity view (fragmentation-aware policies cache per-node scores
+        # and would recompute every row that differs each time the view switched); the Scheduler
+        # reuses them across cycles while the workload's shapes are unchanged
+        self.policies = policies if policies is not None else {}
+        if self.policies.get("shapes") != self.shapes:
+            self.policies.clear()
+            self.policies["shapes"] = self.shapes
+        self.policy = self._policy("now")
         self.failed_shapes: set[tuple] = set()
         self.failed_requests: dict[tuple, Candidate] = {}  # raw request -> the candidate that failed
         self.reasons: dict[tuple, tuple[str, str]] = {}  # capacity reasons by shape, reset on binds
@@ -189,6 +195,36 @@ class Cycle:
         self._vkeys: dict[str, tuple] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
+
+    def _policy(self, view: str):
+        pol = self.policies.get(view)
+        if pol is None:
+            pol = self.policies[view] = make_policy(self.cfg.placement, shapes=self.shapes, seed=self.cfg.seed)
+        return pol
+
+    def _take_all(self, held: list[Workload]) -> None:
+        """Take every held workload's resources from the ``now`` view in one vectorised step."""
+        st = self.now
+        nodes, gpus, milli, pod_nodes, cpu, mem = [], [], [], [], [], []
+        for w in held:
+            c, m = int(round(w.cpu * MILLI)), w.memory
+            for p in w.placements:
+                n = st.index.get(p.node)
+                if n is None:
+                    continue
+                pod_nodes.append(n)
+                cpu.append(c)
+                mem.append(m)
+                for g in p.gpus:
+                    nodes.append(n)
+                    gpus.append(g)
+                    milli.append(p.milli)
+        if nodes:
+            np.subtract.at(st.gpu_free, (np.array(nodes), np.array(gpus)), np.array(milli, dtype=np.int64))
+        if pod_nodes:
+            idx = np.array(pod_nodes)
+            np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
+            np.subtract.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
 
     def _rollup(self, leaf: dict[str, list[float]]) -> dict[str, Vec]:
         out = {n: [0.0, 0.0, 0.0] for n in self.tree.queues}
@@ -274,7 +310,7 @@ class Cycle:
         domain). On success the pods are placed through ``st``; on failure nothing changed.
         ``probe``: only the answer matters (does it fit?), so take the first feasible node
         instead of scoring every node with the placement policy."""
-        policy = PROBE if probe else (self.future_policy if st.state is self.future else self.policy)
+        policy = PROBE if probe else (self._policy("future") if st.state is self.future else self.policy)
         domains = self._domains(c) if c.w.pods > 1 else [None]
         for dmask in domains:
             mask = c.mask if dmask is None else (dmask if c.mask is None else (dmask & c.mask))
@@ -295,17 +331,19 @@ class Cycle:
         return None
 
     def _domains(self, c: Candidate) -> list[np.ndarray | None]:
-        key = self.cfg.topology_key
-        labels = [n.labels.get(key) for n in self.now.nodes]
-        values = sorted({v for v in labels if v is not None})
-        if len(values) < 2:
+        """Topology domains to try for a gang: those with enough free GPU milli in all, tightest
+        first (bin-packing across domains), then the whole cluster."""
+        if self._topology is None:
+            key = self.cfg.topology_key
+            labels = [n.labels.get(key) for n in self.now.nodes]
+            values = sorted({v for v in labels if v is not None})
+            arr = np.array([v if v is not None else "" for v in labels], dtype=object)
+            self._topology = [(v, arr == v) for v in values] if len(values) >= 2 else []
+        if not self._topology:
             return [None]
-        arr = np.array([v if v is not None else "" for v in labels], dtype=object)
-        doms = [arr == v for v in values]
-        # tightest domain that could hold the gang first (bin-packing across domains)
-        free = [int(self.now.gpu_free[d].sum()) for d in doms]
-        order = sorted(range(len(values)), key=lambda i: (free[i], values[i]))
-        return [doms[i] for i in order] + [None]
+        need = c.req.gpu_milli_total * c.w.pods
+        free = [(int(self.now.gpu_free[d].sum()), v, d) for v, d in self._topology]
+        return [d for f, v, d in sorted(free, key=lambda t: (t[0], t[1])) if f >= need] + [None]
 
     # -- quota checks ----------------------------------------------------------------------------
     def quota_block(self, c: Candidate) -> str:
@@ -922,9 +960,10 @@ class Scheduler:
             if a not in ACTIONS:
                 raise ValueError(f"unknown action {a!r} (choose from {', '.join(ACTIONS)})")
         make_policy(self.config.placement)  # validate the name early
+        self._policies: dict = {}  # placement policies kept across cycles (they cache per-node scores)
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
-        ctx = Cycle(snapshot, self.config)
+        ctx = Cycle(snapshot, self.config, self._policies)
         failed: list[Candidate] = []
         for name in self.config.actions:
             if name == "allocate":

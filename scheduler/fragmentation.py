@@ -125,16 +125,30 @@ class FragModel:
         self.version[:] = self._tick
 
     def sync(self, state: ClusterState) -> None:
-        """Bring the tables in step with ``state`` (cheap when little changed)."""
+        """Bring the tables in step with ``state`` (cheap when little changed): the state's
+        change log names the touched rows; a state not seen before is compared in full."""
         if state.nodes is not self._nodes_ref:
             if self._sig is None or self._signature(state) != self._sig:
                 self._bind(state)
+                self._log_ref, self._log_pos = state.log, len(state.log)
                 return
             self._nodes_ref = state.nodes
-        changed = (self.gpu != state.gpu_free).any(axis=1)
-        changed |= self.cpu != state.cpu_free
-        changed |= self.memf != state.mem_free
-        rows = np.flatnonzero(changed)
+        if getattr(self, "_log_ref", None) is state.log:
+            touched = state.log[self._log_pos:]
+            self._log_pos = len(state.log)
+            if not touched:
+                return
+            cand = np.unique(np.asarray(touched, dtype=np.int64))
+            changed = (self.gpu[cand] != state.gpu_free[cand]).any(axis=1)
+            changed |= self.cpu[cand] != state.cpu_free[cand]
+            changed |= self.memf[cand] != state.mem_free[cand]
+            rows = cand[changed]
+        else:
+            changed = (self.gpu != state.gpu_free).any(axis=1)
+            changed |= self.cpu != state.cpu_free
+            changed |= self.memf != state.mem_free
+            rows = np.flatnonzero(changed)
+            self._log_ref, self._log_pos = state.log, len(state.log)
         if rows.size:
             self.gpu[rows] = state.gpu_free[rows]
             self.cpu[rows] = state.cpu_free[rows]
