@@ -952,24 +952,37 @@ ACTIONS = {"allocate": allocate, "consolidate": consolidate, "reclaim": reclaim,
 
 
 class Scheduler:
-    """``Scheduler(config).schedule(snapshot) -> CycleResult``: one cycle, no side effects."""
+    """``Scheduler(config).schedule(snapshot) -> CycleResult``: one cycle, no side effects.
 
-    def __init__(self, config: SchedulerConfig | None = None):
+    ``timer``: an optional clock (e.g. ``time.perf_counter``) injected by an adapter that wants
+    ``CycleResult.actions_ms`` filled; the core never reads a clock of its own."""
+
+    def __init__(self, config: SchedulerConfig | None = None, timer: Callable[[], float] | None = None):
         self.config = config or SchedulerConfig()
         for a in self.config.actions:
             if a not in ACTIONS:
                 raise ValueError(f"unknown action {a!r} (choose from {', '.join(ACTIONS)})")
         make_policy(self.config.placement)  # validate the name early
         self._policies: dict = {}  # placement policies kept across cycles (they cache per-node scores)
+        self.timer = timer
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
+        clock = self.timer
+        t0 = clock() if clock else 0.0
         ctx = Cycle(snapshot, self.config, self._policies)
+        if clock:
+            t1 = clock()
+            ctx.result.actions_ms["snapshot"] = (t1 - t0) * 1e3
         failed: list[Candidate] = []
         for name in self.config.actions:
             if name == "allocate":
                 failed = allocate(ctx)
             else:
                 failed = ACTIONS[name](ctx, failed)
+            if clock:
+                t2 = clock()
+                ctx.result.actions_ms[name] = (t2 - t1) * 1e3
+                t1 = t2
         for w in snapshot.workloads:
             if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:
                 ctx.result.pending[w.id] = f"waiting: queue {w.queue!r} does not exist"

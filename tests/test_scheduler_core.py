@@ -229,3 +229,14 @@ def test_departments_converge_without_ping_pong():
     assert sum(evictions[-6:]) == 0, evictions
     used = sum(sum(len(p.gpus) * p.fraction for p in w.placements) for w in ws if w.phase == Phase.RUNNING)
     assert used >= 0.98 * 320
+
+
+def test_actions_timed_only_with_an_injected_clock():
+    ticks = iter(range(100))
+    nodes = [NodeSpec("a", 2)]
+    qs = [QueueSpec("q", deserved={"gpu": 2})]
+    snap = Snapshot(0, nodes, qs, [Workload("w", "q", gpus=1)])
+    assert Scheduler().schedule(snap).actions_ms == {}
+    timed = Scheduler(timer=lambda: float(next(ticks))).schedule(snap).actions_ms
+    assert list(timed) == ["snapshot", "allocate", "consolidate", "reclaim", "preempt"]
+    assert all(v == 1000.0 for v in timed.values())  # one tick (1 s) per step of the fake clock

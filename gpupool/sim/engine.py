@@ -192,7 +192,8 @@ class Engine:
             from gpupool.scheduler import Scheduler  # the real core
 
             scheduler = Scheduler(SchedulerConfig(min_runtime=cfg.min_runtime, preemption_grace=cfg.preemption_grace,
-                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed))
+                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed),
+                                  timer=time.perf_counter)  # per-action timing for the report
         self.scheduler = scheduler
         self.on_cycle = on_cycle
         self.max_cycles = max_cycles  # a safety valve against a scheduler that never settles
