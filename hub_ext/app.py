@@ -103,8 +103,15 @@ class Service:
         self.queue_map = {q.name: q for q in settings.queues}
         parents = {q.parent for q in settings.queues if q.parent}
         self.leaves = [q.name for q in settings.queues if q.name not in parents]
-        self.max_gpus = max((n.gpus for n in settings.nodes), default=0)
-        self.max_gpu_memory = max((n.gpu_memory for n in settings.nodes if n.gpus), default=0)
+
+    # the node list may change while the service runs (a live Kubernetes inventory): read it each time
+    @property
+    def max_gpus(self) -> int:
+        return max((n.gpus for n in self.settings.nodes), default=0)
+
+    @property
+    def max_gpu_memory(self) -> int:
+        return max((n.gpu_memory for n in self.settings.nodes if n.gpus), default=0)
 
     # ------------------------------------------------------------------ queue access
     def may_use(self, ident: Identity, queue: str) -> bool:

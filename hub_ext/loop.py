@@ -21,6 +21,7 @@ finishes those that ended meanwhile, and requeues those that vanished.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -101,18 +102,71 @@ class SchedulerLoop:
         self._lock = asyncio.Lock()  # one cycle (or recovery) at a time
         self._last_cycle_seconds = 0.0
         self._pending_cache: dict[int, SWorkload] = {}
+        # a backend that watches the cluster (Kubernetes) gives the node list every cycle
+        self._live_nodes = callable(getattr(backend, "nodes", None))
+        self._inventory_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def wake(self) -> None:
         self._wake.set()
 
     async def start(self) -> None:
+        watch = getattr(self.backend, "start_watching", None)
+        if callable(watch):
+            await watch()  # the live inventory is there before the first cycle
+            self.refresh_nodes()
+            event = self._inventory_event()
+            if event is not None:
+                self._inventory_task = asyncio.create_task(self._wake_on_inventory(event),
+                                                           name="gpupool-inventory-wake")
         await self.recover()
         self._task = asyncio.create_task(self._run())
+
+    def _inventory_event(self) -> asyncio.Event | None:
+        """The backend's "the inventory changed" event (Kubernetes: ``backend.inventory.changed``)."""
+        event = getattr(getattr(self.backend, "inventory", None), "changed", None)
+        return event if isinstance(event, asyncio.Event) else None
+
+    async def _wake_on_inventory(self, event: asyncio.Event) -> None:
+        """A node cordoned, added, removed, or its free GPUs changed: run a cycle now."""
+        while not self._stopping:
+            await event.wait()
+            event.clear()
+            self.wake()
+
+    def refresh_nodes(self) -> None:
+        """Take the node list (and GPU UUIDs) from a backend that keeps a live inventory. The
+        service's ``settings.nodes`` is updated in place, so the API's /nodes and submission
+        checks see the same list. A backend without one (local) keeps the configured nodes."""
+        if not self._live_nodes:
+            return
+        nodes = self.backend.nodes()
+        if nodes is None:  # declared inventory, or not watching yet
+            return
+        old = {n.name: (n.gpus, n.schedulable) for n in self.settings.nodes}
+        new = {n.name: (n.gpus, n.schedulable) for n in nodes}
+        if old != new:
+            for name in sorted(old.keys() | new.keys()):
+                if old.get(name) != new.get(name):
+                    was, now = old.get(name), new.get(name)
+                    log.info("node %s: %s -> %s", name, _node_words(was), _node_words(now))
+        self.settings.nodes[:] = nodes
+        self.nodes = {n.name: n for n in nodes}
+        uuids_fn = getattr(self.backend, "gpu_uuids", None)
+        uuids = uuids_fn() if callable(uuids_fn) else None
+        if uuids is not None:
+            self.settings.gpu_uuids.clear()
+            self.settings.gpu_uuids.update(uuids)
 
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+        if self._inventory_task is not None:
+            self._inventory_task.cancel()
+            try:
+                await self._inventory_task
+            except (asyncio.CancelledError, Exception):
+                pass
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, timeout=10)
@@ -238,6 +292,7 @@ class SchedulerLoop:
     async def _cycle(self) -> CycleResult | None:
         t0 = time.perf_counter()
         now = time.time()
+        self.refresh_nodes()
         with self.sessions() as s:
             # rows holding GPUs as ORM objects (few; reconcile updates them), queued ones as plain
             # rows (possibly many; read-only here)
@@ -395,11 +450,21 @@ class SchedulerLoop:
         by_id: dict[str, Any] = {}
         orphaned = False
         views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
+        nodes = dict(self.nodes)
         for row in holding:
             queue = row.queue
             placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
                                             fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
-            if any(p.node not in self.nodes or any(g >= self.nodes[p.node].gpus for g in p.gpus) for p in placements):
+            if self._live_nodes:
+                # A live inventory counts free GPUs (others' pods subtracted): a run placed on GPU 3
+                # of a node that now shows 3 keeps counting (the node is widened for this cycle),
+                # rather than its GPUs looking free. A node that is gone drops its runs (their
+                # pods are gone too; the backend reports them lost and they are requeued).
+                for p in placements:
+                    node = nodes.get(p.node)
+                    if node is not None and p.gpus and max(p.gpus) >= node.gpus:
+                        nodes[p.node] = dataclasses.replace(node, gpus=max(p.gpus) + 1)
+            if any(p.node not in nodes or any(g >= nodes[p.node].gpus for g in p.gpus) for p in placements):
                 log.warning("%s holds GPUs that are no longer configured (%s); not counted",
                             row.public_id, row.allocation)
                 continue
@@ -431,7 +496,7 @@ class SchedulerLoop:
         if orphaned:
             queues.append(QueueSpec(name=REMOVED_QUEUE))
         self.state.queues = views
-        return Snapshot(now=now, nodes=list(self.nodes.values()), queues=queues, workloads=workloads), by_id
+        return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads), by_id
 
     async def _evict(self, s: Any, row: D.Workload | None, ev: Any, now: float) -> None:
         if row is None:
@@ -542,6 +607,13 @@ class SchedulerLoop:
             # only rows still queued: a cancel may have landed since the snapshot
             s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes,
                       execution_options={"synchronize_session": None})
+
+
+def _node_words(state: tuple[int, bool] | None) -> str:
+    if state is None:
+        return "gone"
+    gpus, schedulable = state
+    return f"{gpus} GPU{'s' if gpus != 1 else ''}{'' if schedulable else ', not schedulable'}"
 
 
 def _where(allocation: list[dict] | None) -> str:

@@ -555,3 +555,79 @@ def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
     assert [s for _, s in record] == list(range(30)), record  # every step once: resumed from the checkpoint
     assert len({a for a, _ in record}) == 2
     hub.wait_for(lambda: not cluster.pods("jobs", "gpupool.io/managed=true"), 30, message="finished pods were not removed")
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_node_changes_apply_while_the_service_runs(kube_hub):
+    """The loop takes the node list from the backend's watched inventory every cycle and runs a
+    cycle when it changes: a node added, cordoned, uncordoned, its GPU count changed or removed
+    takes effect without a service restart."""
+    from kube_fixture import NODES
+
+    from hub_harness import notebook
+
+    hub, cluster = kube_hub
+    admin, alice = hub.admin_token, hub.token("alice")
+
+    def nodes():
+        return {n["name"]: n for n in hub.api("GET", "nodes", admin).json()["nodes"]}
+
+    def submit(seconds):
+        r = hub.api("POST", "jobs", alice, json={"notebook_content": notebook(f"import time; time.sleep({seconds})"),
+                                                 "gpus": 1})
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def remove_box2():
+        async def go():
+            async with cluster.api._lock:
+                await cluster.api.remove_object(NODES, None, "box2")
+        cluster.call(go)
+
+    try:
+        cluster.add_node("box2", 1, product="NVIDIA-L4", memory_mib=16384)
+        hub.wait_for(lambda: "box2" in nodes(), 10, 0.1, message="the added node did not appear in /nodes")
+        cluster.patch_node("box", {"spec": {"unschedulable": True}})  # cordoned
+        hub.wait_for(lambda: not nodes()["box"]["schedulable"], 10, 0.1, message="the cordon was not seen")
+
+        first = submit(3)  # box is cordoned: the job goes to box2
+        view = hub.wait_job(alice, first, {"running", "succeeded", "failed"}, 60)
+        assert [a["node"] for a in view["allocation"]] == ["box2"], view
+        assert hub.wait_job(alice, first, {"succeeded", "failed"}, 90)["status"] == "succeeded"
+
+        cluster.patch_node("box2", {"spec": {"unschedulable": True}})  # nothing schedulable is left
+        hub.wait_for(lambda: not nodes()["box2"]["schedulable"], 10, 0.1, message="the cordon was not seen")
+        second = submit(1)
+        cycles = hub.api("GET", "health").json()["cycles"]
+        hub.wait_for(lambda: hub.api("GET", "health").json()["cycles"] >= cycles + 3, 30, 0.1)
+        waiting = hub.api("GET", f"jobs/{second}", alice).json()
+        assert waiting["status"] == "queued" and waiting["allocation"] == [], waiting
+        assert waiting["reason"] and "running" not in waiting["reason"], waiting
+        assert not cluster.pods("jobs", f"gpupool.io/job-id={second}")
+
+        cluster.patch_node("box", {"spec": {"unschedulable": False}})  # uncordoned: used again
+        view = hub.wait_job(alice, second, {"running", "succeeded", "failed"}, 60)
+        assert [a["node"] for a in view["allocation"]] in (["box"], []), view
+        assert hub.wait_job(alice, second, {"succeeded", "failed"}, 90)["status"] == "succeeded"
+
+        # a GPU count change (e.g. the device plugin reports more GPUs) and a removed node
+        cluster.patch_node("box2", {"status": {"allocatable": {"nvidia.com/gpu": "3"}, "capacity": {"nvidia.com/gpu": "3"}}})
+        hub.wait_for(lambda: len(nodes()["box2"]["gpus"]) == 3, 10, 0.1, message="the new GPU count was not seen")
+        remove_box2()
+        hub.wait_for(lambda: "box2" not in nodes(), 10, 0.1, message="the removed node is still listed")
+    finally:
+        cluster.patch_node("box", {"spec": {"unschedulable": False}})
+        if cluster.call(_node_exists(cluster, "box2")):
+            remove_box2()
+
+
+def _node_exists(cluster, name):
+    from kube_fixture import NODES
+
+    def go():
+        async def inner():
+            key = (NODES, None, name)
+            return key in cluster.api._objects and not cluster.api._objects[key].deleted
+        return inner()
+    return go
