@@ -614,6 +614,30 @@ def test_node_changes_apply_while_the_service_runs(kube_hub):
         # a GPU count change (e.g. the device plugin reports more GPUs) and a removed node
         cluster.patch_node("box2", {"status": {"allocatable": {"nvidia.com/gpu": "3"}, "capacity": {"nvidia.com/gpu": "3"}}})
         hub.wait_for(lambda: len(nodes()["box2"]["gpus"]) == 3, 10, 0.1, message="the new GPU count was not seen")
+
+        # a run on GPUs 0-2 of box2, then another tool's pod takes one of box2's GPUs (the node
+        # shows 2 free): the run keeps counting as holding 3, so nothing else goes to box2
+        cluster.patch_node("box", {"spec": {"unschedulable": True}})
+        cluster.patch_node("box2", {"spec": {"unschedulable": False}})
+        hub.wait_for(lambda: nodes()["box2"]["schedulable"] and not nodes()["box"]["schedulable"], 10, 0.1)
+        r = hub.api("POST", "jobs", alice, json={"notebook_content": notebook("import time; time.sleep(15)"), "gpus": 3})
+        assert r.status_code == 201, r.text
+        big = r.json()["id"]
+        view = hub.wait_job(alice, big, {"running"}, 60)
+        assert view["allocation"] == [{"node": "box2", "gpus": [0, 1, 2], "fraction": 1.0}], view
+        cluster.add_pod("other-tool", namespace="default", node="box2", gpus=1, phase="Running")
+        hub.wait_for(lambda: len(nodes()["box2"]["gpus"]) == 2, 10, 0.1, message="the foreign pod was not counted")
+        small = submit(1)
+        cycles = hub.api("GET", "health").json()["cycles"]
+        hub.wait_for(lambda: hub.api("GET", "health").json()["cycles"] >= cycles + 3, 30, 0.1)
+        waiting = hub.api("GET", f"jobs/{small}", alice).json()
+        assert waiting["status"] == "queued" and hub.api("GET", f"jobs/{big}", alice).json()["status"] == "running", waiting
+        hub.api("DELETE", f"jobs/{big}", alice)
+        hub.api("DELETE", f"jobs/{small}", alice)
+        cluster.delete_pod("other-tool", "default")
+        hub.wait_job(alice, big, {"cancelled"}, 30)
+        hub.wait_for(lambda: hub.api("GET", f"jobs/{big}", alice).json()["allocation"] == [], 60, 0.2,
+                     message="the cancelled run did not end")
         remove_box2()
         hub.wait_for(lambda: "box2" not in nodes(), 10, 0.1, message="the removed node is still listed")
     finally:
