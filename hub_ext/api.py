@@ -235,8 +235,11 @@ class NodesHandler(BaseHandler):
                              "utilization": r.get("utilization"), "memory_used": r.get("memory_used"),
                              "memory_total": r.get("memory_total") or n.gpu_memory or None,
                              "allocations": allocs})
-            out.append({"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory,
-                        "schedulable": n.schedulable, "labels": n.labels, "gpus": gpus})
+            node = {"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory,
+                    "schedulable": n.schedulable, "labels": n.labels, "gpus": gpus}
+            if not n.schedulable:
+                node["unschedulable_reason"] = svc.loop.node_reasons.get(n.name) or "marked unschedulable"
+            out.append(node)
         self.send({"nodes": out})
 
 

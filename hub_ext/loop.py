@@ -104,6 +104,7 @@ class SchedulerLoop:
         self._pending_cache: dict[int, SWorkload] = {}
         # a backend that watches the cluster (Kubernetes) gives the node list every cycle
         self._live_nodes = callable(getattr(backend, "nodes", None))
+        self.node_reasons: dict[str, str] = {}  # node -> why it is not schedulable (live inventory)
         self._inventory_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -157,6 +158,8 @@ class SchedulerLoop:
         if uuids is not None:
             self.settings.gpu_uuids.clear()
             self.settings.gpu_uuids.update(uuids)
+        why_fn = getattr(self.backend, "why_unschedulable", None)
+        self.node_reasons = (why_fn() if callable(why_fn) else None) or {}
 
     async def stop(self) -> None:
         self._stopping = True

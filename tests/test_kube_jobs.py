@@ -590,6 +590,7 @@ def test_node_changes_apply_while_the_service_runs(kube_hub):
         hub.wait_for(lambda: "box2" in nodes(), 10, 0.1, message="the added node did not appear in /nodes")
         cluster.patch_node("box", {"spec": {"unschedulable": True}})  # cordoned
         hub.wait_for(lambda: not nodes()["box"]["schedulable"], 10, 0.1, message="the cordon was not seen")
+        assert nodes()["box"]["unschedulable_reason"] == "cordoned" and "unschedulable_reason" not in nodes()["box2"]
 
         first = submit(3)  # box is cordoned: the job goes to box2
         view = hub.wait_job(alice, first, {"running", "succeeded", "failed"}, 60)

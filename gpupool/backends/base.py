@@ -27,7 +27,8 @@ Rules for implementations:
   within a second (local: the stop file ``spec.stop_file``).
 * Optional, for a backend that knows the cluster (Kubernetes): ``async start_watching()`` (the
   loop calls it at service start), ``nodes() -> list[NodeSpec] | None`` and ``gpu_uuids() ->
-  dict | None`` (the loop takes them every cycle; None: keep the configured nodes), and an
+  dict | None`` (the loop takes them every cycle; None: keep the configured nodes),
+  ``why_unschedulable() -> dict | None`` (node -> reason, shown by the API's /nodes), and an
   ``inventory.changed`` asyncio.Event the loop waits on to run a cycle when nodes change.
 * Exit code convention: 0 = the notebook ran to the end; anything else is a failure, unless the
   loop asked the run to stop (then the job is requeued or cancelled, whatever the code).

@@ -595,6 +595,10 @@ class KubeJobBackend(JobBackend):
         """node -> GPU UUID per index, from the ``gpupool.io/gpu-uuids`` node annotations."""
         return self.inventory.gpu_uuids() if self.inventory else None
 
+    def why_unschedulable(self) -> dict[str, str] | None:
+        """node -> why nothing new goes there ("cordoned", "NotReady"), for the service's /nodes."""
+        return dict(self.inventory.snapshot().why_unschedulable) if self.inventory else None
+
     def _node_info(self, node: str) -> tuple[list[str] | None, int]:
         if self.inventory is not None:
             inv = self.inventory.snapshot()
