@@ -388,7 +388,9 @@ class Cycle:
         if free + EPS >= need:
             return "fragmented", (f"waiting for {what}{gang}: {free:g} GPUs are free but not on one node "
                                   f"in the shape requested")
-        return "capacity", f"waiting for {what}{gang}: {free:g} free in the cluster"
+        off = int((~self.now.schedulable & (self.now.num_gpus > 0)).sum())
+        aside = f" ({off} node{'s' if off != 1 else ''} with GPUs not schedulable)" if off else ""
+        return "capacity", f"waiting for {what}{gang}: {free:g} free in the cluster{aside}"
 
     # -- binding ---------------------------------------------------------------------------------
     def bind(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:

@@ -240,3 +240,11 @@ def test_actions_timed_only_with_an_injected_clock():
     timed = Scheduler(timer=lambda: float(next(ticks))).schedule(snap).actions_ms
     assert list(timed) == ["snapshot", "allocate", "consolidate", "reclaim", "preempt"]
     assert all(v == 1000.0 for v in timed.values())  # one tick (1 s) per step of the fake clock
+
+
+def test_reason_names_unschedulable_nodes():
+    nodes = [NodeSpec("a", 4, schedulable=False), NodeSpec("b", 4, schedulable=False)]
+    qs = [QueueSpec("q", deserved={"gpu": 4})]
+    r = Scheduler().schedule(Snapshot(0, nodes, qs, [Workload("w", "q", gpus=3)]))
+    assert r.binds == []
+    assert "waiting for 3 GPUs: 0 free in the cluster (2 nodes with GPUs not schedulable)" in r.pending["w"]
