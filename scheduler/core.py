@@ -32,16 +32,10 @@ from .victims import lost_gpu_seconds, victim_key
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
-ZERO: Vec = (0.0, 0.0, 0.0)
 
 
 def _add(a: Vec, b: Vec, sign: float = 1.0) -> Vec:
     return (a[0] + sign * b[0], a[1] + sign * b[1], a[2] + sign * b[2])
-
-
-def shape_key(c: "Candidate") -> tuple:
-    """Workloads with the same key place identically: a failure for one is a failure for all."""
-    return c.shape
 
 
 class Statement:
@@ -369,7 +363,7 @@ class Cycle:
         return ""
 
     def capacity_reason(self, c: Candidate) -> tuple[str, str]:
-        key = shape_key(c)
+        key = c.shape
         hit = self.reasons.get(key)
         if hit is None:
             hit = self.reasons[key] = self._capacity_reason(c)
@@ -892,7 +886,7 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             continue
         if _pipeline(ctx, c):
             continue
-        key = (shape_key(c), ctx.future_version)
+        key = (c.shape, ctx.future_version)
         if key in tried or not _consolidate_one(ctx, c, on_node):
             tried.add(key)
             left.append(c)
