@@ -427,7 +427,7 @@ class Cycle:
         out = list(workloads)
         for v in out:
             if v.id not in keys:
-                keys[v.id] = victim_key(v, self.now_t, self.amounts[v.id][0])
+                keys[v.id] = victim_key(v, self.now_t, self.amounts[v.id][0], self.over(v.queue))
         out.sort(key=lambda v: keys[v.id])
         return out
 
@@ -449,13 +449,21 @@ class Cycle:
 # ---------------------------------------------------------------------------------------------------
 
 def _queue_order(ctx: Cycle) -> Callable[[str], tuple]:
-    """Hierarchical order: compare the queues' ancestries level by level from the root, each
-    level by GPUs held above fair share (furthest below first), then queue priority. A project of
-    a department that is above its fair share waits behind every project of a department below
-    its own. The measure is the one reclaim's stability rule uses, so what a reclaim frees goes
-    to the reclaimer's side, never straight back to the victim's."""
+    """Hierarchical order: compare the queues' ancestries level by level from the root. At each
+    level queues below their deserved quota come first (guarantees before borrowing), then by GPUs
+    held above fair share (furthest below first), then queue priority. These are the measures
+    reclaim's rules use, so what a reclaim frees ranks the reclaimer first, never the victim."""
+    const = {x: (spec.deserved.get("gpu", 0.0) - EPS, ctx.fair[x].get("gpu", 0.0), -spec.priority)
+             for x, spec in ctx.tree.queues.items()}
+    alloc, releasing, reserved = ctx.alloc, ctx.releasing, ctx.reserved
+
     def key(q: str) -> tuple:
-        return tuple((ctx.over(x), -ctx.tree.queues[x].priority, x) for x in ctx.tree.path(q))
+        out = []
+        for x in ctx.tree.path(q):
+            deserved, fair, prio = const[x]
+            held = alloc[x][0] - releasing[x][0] + reserved[x]  # == ctx.effective(x)[0] + reserved
+            out.append((held >= deserved, held - fair, prio, x))
+        return tuple(out)
     return key
 
 
@@ -592,10 +600,11 @@ class ReclaimBudget(Budget):
       holds more than its own deserved quota before this victim goes (only borrowed capacity is
       taken back, even if a whole gang must go);
     * fair share: the victim's side ends strictly better off, relative to its fair share, than
-      the reclaimer's side was before.
+      the reclaimer's side was before, and keeps its deserved quota.
 
-    Neither allows the reverse move afterwards (the reclaimer's side is then within its deserved
-    quota and its fair share), so capacity never ping-pongs. Victims already taken in the plan
+    Neither allows the reverse move afterwards, and allocation ranks queues by the same measures
+    (below deserved first, then GPUs above fair share), so what a reclaim frees goes to the
+    reclaimer and capacity never ping-pongs. Victims already taken in the plan
     count against their side. ``refused`` names the last side a victim was refused for."""
 
     def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
@@ -628,10 +637,11 @@ class ReclaimBudget(Budget):
     def allows(self, v: Workload) -> bool:
         side, over, held, deserved, reclaimer_before, guaranteed = self._side(v.queue)
         gone = self.gone.get(side, 0.0)
-        if over - gone - self.ctx.amounts[v.id][0] > reclaimer_before + EPS:
-            return True
+        amt = self.ctx.amounts[v.id][0]
         if guaranteed and held - gone > deserved + EPS:
-            return True
+            return True  # guarantee: take borrowed capacity back
+        if over - gone - amt > reclaimer_before + EPS and held - gone - amt >= deserved - EPS:
+            return True  # fair share: rebalance over-quota capacity, never the victim's guarantee
         self.refused = side
         return False
 
@@ -710,7 +720,8 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload],
             budget.take(v)
             chosen.append(v)
             if fits_on(fut, n, c.req):
-                cost = (sum(ctx.victim_cost(x) for x in chosen), len(chosen), fut.nodes[n].name)
+                cost = (sum(ctx.victim_cost(x) for x in chosen), -min(ctx.over(x.queue) for x in chosen),
+                        len(chosen), fut.nodes[n].name)
                 if best is None or cost < best[0]:
                     best = (cost, list(chosen), n)
                 break

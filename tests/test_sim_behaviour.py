@@ -267,3 +267,10 @@ def test_released_gpu_goes_to_the_reclaimer_not_back_to_the_victim():
     pre = events(r, "preempt")
     assert len(pre) == 1  # one victim, preempted once: no ping-pong
     assert not events(r, "resume")  # nothing else frees up before t=700, so the victim waits
+
+
+def test_equal_deficits_the_freed_gpu_goes_to_the_queue_below_its_deserved_quota():
+    r = run("reclaim_tie")
+    own = wl(r, "own")
+    assert own["started"] is not None and own["started"] <= 50 + 1 + 0 + 3 * 1, own.get("pending_reason")
+    assert len(events(r, "preempt")) == 1  # one victim, once: no ping-pong
