@@ -177,7 +177,7 @@ def test_reasons_for_selector_unknown_queue_and_determinism():
     assert r1 == r2
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([0.25, 0.5, 1, 2, 4]),
                           st.integers(1, 2), st.booleans()), min_size=1, max_size=24))
 def test_cycle_invariants(specs):

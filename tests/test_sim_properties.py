@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpupool.sim import parse_scenario, simulate
 from gpupool.sim.engine import Engine
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=400, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
