@@ -58,10 +58,11 @@ Leak check: every process the harness starts carries ``GPUPOOL_TEST_HUB=<random 
 environment (JupyterHub hands its own environment to configurable-http-proxy), and the harness
 records each process it knows it started (the hub, the service, the proxy from JupyterHub's
 ``jupyterhub-proxy.pid``) with its start time, so a reused pid is never mistaken for one of ours.
-``stop()`` kills only those. The autouse fixtures ``hub_leak_check`` (after each test) and
-``hub_leak_check_session`` (after the last test) fail when a stopped hub left a process running,
-or a hub was never stopped; a module that uses the harness imports them:
-``from hub_harness import Hub, hub_leak_check, hub_leak_check_session  # noqa: F401``.
+``stop()`` kills only those. The autouse fixtures ``hub_leak_check`` (after each test; a module
+that starts hubs imports it: ``from hub_harness import Hub, hub_leak_check  # noqa: F401``) and
+``hub_leak_check_session`` (after the last test; registered once in tests/conftest.py) fail when a
+stopped hub left a process running, or a hub was never stopped. A session-scoped hub fixture must
+request ``hub_leak_check_session`` so that pytest stops it before the final check.
 """
 from __future__ import annotations
 
@@ -168,8 +169,6 @@ class Hub:
         self._started: dict[int, tuple[int, str]] = {}  # pid -> (start time, what) of what we started
         self.stopped = False
         self._leak_checked = False
-        # a hub shared by several test modules on purpose: the session check stops it last
-        self.session_owned = False
         self.harness_token = secrets.token_hex(24)
         self.service_token = secrets.token_hex(24)
         settings = {
@@ -504,8 +503,7 @@ def _check_leaks(hubs: list[Hub]) -> list[str]:
     problems = []
     for hub in hubs:
         if not hub.stopped:
-            if not hub.session_owned:
-                problems.append(f"Hub in {hub.dir} was started and never stopped")
+            problems.append(f"Hub in {hub.dir} was started and never stopped")
             hub.stop()
         left = hub.leftover_processes()
         if left:

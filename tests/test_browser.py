@@ -21,7 +21,6 @@ import pytest
 import requests
 
 from hub_harness import free_port
-from test_client import shared_hub
 
 pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.slow]
 
@@ -46,10 +45,11 @@ def _pids_with(marker: bytes) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def hub(request, tmp_path_factory):
+def hub(hub):
+    """The shared client hub (tests/conftest.py), once Chromium is known to be there."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is not installed (run `make browser-deps` or apt-get install chromium)")
-    return shared_hub(request, tmp_path_factory)
+    return hub
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_client import _dead_port, shared_hub
+from test_client import _dead_port
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 
@@ -25,11 +25,6 @@ def run(*args, env=None, timeout=120):
     res = subprocess.run([GPUPOOL, *args], capture_output=True, text=True, env=e, timeout=timeout)
     assert "Traceback" not in res.stderr, res.stderr
     return res
-
-
-@pytest.fixture(scope="module")
-def hub(request, tmp_path_factory):
-    return shared_hub(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -151,47 +151,6 @@ import nbformat  # noqa: E402
 
 from hub_harness import Hub, notebook  # noqa: E402
 
-# One hub for all of the client's test files (test_client, test_cli, test_sweep, test_widgets,
-# test_browser): started by the first that needs it, stopped when the pytest session ends.
-SETTINGS = {
-    "nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi"}, {"name": "box2", "gpus": 1, "gpu_memory": "24Gi"}],
-    "queues": [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"]},
-               {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]}],
-}
-NOTEBOOKS = {
-    # logs acc = lr * step for steps 0..steps-1
-    "tiny.ipynb": notebook("import gpupool\nfor i in range(steps):\n    gpupool.log_metric('acc', lr * i, step=i)\n"
-                           "print('trained with lr', lr)", parameters="lr = 0.1\nsteps = 3"),
-    "sleepy.ipynb": notebook("import time\ntime.sleep(seconds)", parameters="seconds = 300"),
-    "broken.ipynb": notebook("raise ValueError('the data set is missing')"),
-    # sweep objective: score peaks at x == 3; trials with x < slow_below sleep between steps
-    "quad.ipynb": notebook("import time, gpupool\nfor i in range(steps):\n"
-                           "    gpupool.log_metric('score', (10 - (x - 3) ** 2) * (i + 1) / steps, step=i)\n"
-                           "    time.sleep(pause if x < slow_below else 0)",
-                           parameters="x = 0.0\nsteps = 3\npause = 0.0\nslow_below = -1e9"),
-}
-_SHARED: dict = {}
-
-
-def shared_hub(request, tmp_path_factory) -> Hub:
-    hub = _SHARED.get("hub")
-    if hub is None:
-        hub = Hub(tmp_path_factory.mktemp("gpupool-client"), gpupool=SETTINGS, users=["alice", "bob"], admins=["admin"])
-        hub.start()
-        hub.session_owned = True  # shared by the client, CLI, sweep and widget tests
-        request.config.add_cleanup(hub.stop)
-        for user in ("alice", "bob"):
-            for name, nb in NOTEBOOKS.items():
-                nbformat.write(nbformat.from_dict(nb), str(hub.home(user) / name))
-        _SHARED["hub"] = hub
-    return hub
-
-
-@pytest.fixture(scope="module")
-def hub(request, tmp_path_factory):
-    return shared_hub(request, tmp_path_factory)
-
-
 @pytest.fixture(scope="module")
 def alice(hub):
     """A client for alice through the proxy, as a user outside the hub would connect."""

@@ -7,7 +7,7 @@ import time
 import pytest
 from traitlets.config import Config
 
-from hub_harness import Hub, hub_leak_check, hub_leak_check_session, notebook  # noqa: F401 (leak check fixtures)
+from hub_harness import Hub, hub_leak_check, notebook  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
 

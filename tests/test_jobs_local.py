@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, hub_leak_check, hub_leak_check_session, notebook  # noqa: F401 (leak check fixtures)
+from hub_harness import Hub, hub_leak_check, notebook  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
 

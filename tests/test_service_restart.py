@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, _environ, hub_leak_check, hub_leak_check_session  # noqa: F401 (leak check fixtures)
+from hub_harness import Hub, _environ, hub_leak_check  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
 

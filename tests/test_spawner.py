@@ -118,7 +118,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hub_harness import hub_leak_check, hub_leak_check_session  # noqa: E402,F401 (leak check fixtures)
+from hub_harness import hub_leak_check  # noqa: E402,F401 (leak check fixtures)
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 # A lean single-user server: the Jupyter server without the lab/notebook UIs (they only slow start-up).

@@ -58,13 +58,7 @@ def test_trial_table_without_pandas():
 
 
 # -- real sweeps through the hub -----------------------------------------------------------------
-from test_client import shared_hub  # noqa: E402
 from gpupool.client import api  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def hub(request, tmp_path_factory):
-    return shared_hub(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -107,15 +107,9 @@ def test_refresher_survives_errors_and_reports_them():
 
 
 # -- views built from the real service -----------------------------------------------------------
-from test_client import shared_hub  # noqa: E402
 
 import gpupool  # noqa: E402
 from gpupool.client import api  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def hub(request, tmp_path_factory):
-    return shared_hub(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
