@@ -470,6 +470,18 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
                 raise AssertionError(message or f"timed out after {timeout:g} s waiting for {predicate}")
             time.sleep(interval)
 
+    def wait_preempted(self, token: str, job_ids: Iterable[str], timeout: float = 30.0) -> dict:
+        """The first of ``job_ids`` seen asked to stop or requeued during its first attempt."""
+        job_ids = list(job_ids)
+
+        def preempted():
+            for j in job_ids:
+                view = self.api("GET", f"jobs/{j}", token).json()
+                if view["status"] in ("preempting", "queued") and view["attempts"] == 1:
+                    return view
+            return None
+        return self.wait_for(preempted, timeout, 0.1, message=f"none of {job_ids} was preempted")
+
     def wait_job(self, token: str, job_id: str, statuses: Iterable[str], timeout: float = 60.0) -> dict:
         wanted = set(statuses)
         last: dict = {}

@@ -530,14 +530,7 @@ def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
     r = hub.api("POST", "jobs", alice, json={"notebook_content": notebook("import time; time.sleep(1)"), "gpus": 1})
     mine = r.json()["id"]
 
-    def preempted():
-        for j in jobs:
-            view = hub.api("GET", f"jobs/{j}", bob).json()
-            if view["status"] in ("preempting", "queued") and view["attempts"] == 1:
-                return view
-        return None
-
-    victim = hub.wait_for(preempted, 30, 0.1, message="no job of bob's was preempted")
+    victim = hub.wait_preempted(bob, jobs)
     assert hub.wait_job(alice, mine, {"succeeded", "failed"}, 120)["status"] == "succeeded"
     finals = [hub.wait_job(bob, j, {"succeeded", "failed"}, 150) for j in jobs]
     assert [f["status"] for f in finals] == ["succeeded", "succeeded"], [
