@@ -122,7 +122,7 @@ def job_view(svc: Any, row: D.Workload, metrics: dict | None = None) -> dict:
     queued = row.status == D.QUEUED
     reason = row.reason
     if queued and pid in st.pending:
-        reason = st.pending[pid]
+        reason = str(st.pending[pid])
     ckpt = None
     if row.checkpoint_path or row.last_checkpoint_at:
         ckpt = {"latest": row.checkpoint_path, "at": iso(row.last_checkpoint_at)}
@@ -143,7 +143,7 @@ def workspace_view(svc: Any, row: D.Workload, env: bool = True) -> dict:
     st = svc.loop.state
     pid = row.public_id
     queued = row.status == D.QUEUED
-    reason = st.pending.get(pid, row.reason) if queued else row.reason
+    reason = str(st.pending[pid]) if queued and pid in st.pending else row.reason
     out = {"id": pid, "user": row.user, "server": row.server, "status": row.status, "queue": row.queue,
            "gpus": row.gpus, "gpu_memory": row.gpu_memory or None, "cpu": row.cpu, "memory": row.memory,
            "preemptible": row.preemptible, "priority": row.priority, "reason": reason,

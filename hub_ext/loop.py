@@ -38,6 +38,7 @@ from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobS
 from ..scheduler import Scheduler
 from ..scheduler.model import (CycleResult, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot,
                                Workload as SWorkload)
+from ..scheduler.reasons import Pending
 from ..scheduler.units import format_bytes
 from . import db as D
 from .config import Settings
@@ -68,7 +69,7 @@ class QueueView:
 class LoopState:
     """What the API shows between cycles (in memory; rebuilt by every cycle)."""
 
-    pending: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, Pending] = field(default_factory=dict)  # str() is the sentence
     positions: dict[str, int] = field(default_factory=dict)
     fair_share: dict[str, dict[str, float]] = field(default_factory=dict)
     allocated: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -102,6 +103,7 @@ class SchedulerLoop:
         self._lock = asyncio.Lock()  # one cycle (or recovery) at a time
         self._last_cycle_seconds = 0.0
         self._pending_cache: dict[int, SWorkload] = {}
+        self._reservations: list = []  # the scheduler's last reservations, for the next snapshot
         # a backend that watches the cluster (Kubernetes) gives the node list every cycle
         self._live_nodes = callable(getattr(backend, "nodes", None))
         self.node_reasons: dict[str, str] = {}  # node -> why it is not schedulable (live inventory)
@@ -317,6 +319,7 @@ class SchedulerLoop:
                 await self._bind(s, by_id.get(bind.workload), bind, now)
             self._explain(s, snap, result, by_id)
             s.commit()
+        self._reservations = result.reservations  # handed back unchanged next cycle
         st = self.state
         st.fair_share, st.allocated = result.fair_share, result.allocated
         self._last_cycle_seconds = time.perf_counter() - t0
@@ -499,7 +502,9 @@ class SchedulerLoop:
         if orphaned:
             queues.append(QueueSpec(name=REMOVED_QUEUE))
         self.state.queues = views
-        return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads), by_id
+        # reservations live in memory: after a service restart, plans in motion are made afresh
+        return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads,
+                        reservations=self._reservations), by_id
 
     async def _evict(self, s: Any, row: D.Workload | None, ev: Any, now: float) -> None:
         if row is None:
@@ -602,10 +607,13 @@ class SchedulerLoop:
         st.pending, st.positions = result.pending, result.positions
         changes = []
         bound = {b.workload for b in result.binds}
-        for wid, reason in result.pending.items():
+        for wid, why in result.pending.items():
             row = by_id.get(wid)
-            if row is not None and reason and reason != row.reason and wid not in bound:
+            reason = str(why)
+            if row is not None and reason != row.reason and wid not in bound:
                 changes.append({"id": row.id, "reason": reason})
+        for wid, why in result.dropped.items():
+            log.info("%s: its reservation was dropped (%s); planning it afresh", wid, why)
         if changes:
             # only rows still queued: a cancel may have landed since the snapshot
             s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes,

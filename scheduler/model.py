@@ -6,7 +6,11 @@ Everything here is plain data. The hub, the Kubernetes backend and the simulator
 * ``Bind``: start the workload's pods on the given nodes/GPUs (phase becomes RUNNING).
 * ``Evict``: ask the workload to checkpoint, give it ``preemption_grace`` seconds, stop it and
   requeue it (phase RELEASING until its resources are free, then PENDING again).
-* ``pending``: why each waiting workload waits, in words a person understands.
+* ``pending``: why each waiting workload waits: a ``reasons.Pending`` (a typed code with its
+  numbers; ``str()`` of it is the sentence a person reads).
+* ``reservations``: capacity held for workloads whose reclaim, preemption or consolidation is in
+  motion. The adapter hands them back in the next ``Snapshot`` unchanged; until the holder binds
+  (or its plan is dropped for a stated reason) nobody else may take that capacity.
 
 Units: ``gpu`` in GPUs (fractions allowed), ``cpu`` in cores, ``memory`` and ``gpu_memory`` in
 bytes. Time is seconds on whatever clock the adapter uses (``Snapshot.now``); the scheduler never
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from .reasons import Code, Pending
 
 RESOURCES = ("gpu", "cpu", "memory")
 
@@ -129,15 +135,29 @@ class Workload:
         return max(0.0, now - since)
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity held for ``workload`` until it binds: where its pods will run once the workloads
+    preempted for it have released (``placements``), why (``code``: reclaiming, preempting,
+    consolidating or waiting-for-release, with ``detail`` for its pending reason) and since when."""
+
+    workload: str
+    placements: tuple[PodPlacement, ...]
+    code: Code
+    since: float
+    detail: dict = field(default_factory=dict, compare=False)
+
+
 @dataclass
 class Snapshot:
     """The state of the world at ``now``: every node, every queue and every workload that has
-    not ended (pending, running or releasing)."""
+    not ended (pending, running or releasing), and the reservations the last cycle returned."""
 
     now: float
     nodes: list[NodeSpec]
     queues: list[QueueSpec]
     workloads: list[Workload]
+    reservations: list[Reservation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -148,6 +168,9 @@ class SchedulerConfig:
     preemption_grace: float = 30.0  # informs reasons only; the adapter enforces it
     placement: str = "default"  # placement policy name (see placement.POLICIES)
     actions: tuple[str, ...] = ("allocate", "consolidate", "reclaim", "preempt")
+    # a reservation not taken up this long after it was made is dropped and its holder re-planned
+    # (None: twice the grace period plus 60 s, time enough for every victim to release)
+    reservation_timeout: float | None = None
     topology_key: str = "rack"  # node label that groups nodes for gang placement
     seed: int = 0  # for policies that break ties at random
 
@@ -163,7 +186,7 @@ class Bind:
 @dataclass(frozen=True)
 class Evict:
     workload: str
-    cause: str  # "reclaim" | "priority" | "consolidation"
+    cause: str  # a reasons.Cause: "reclaim" | "priority" | "consolidation"
     reason: str  # human: "preempted: reclaimed by queue nlp (below its deserved 4 GPUs)"
     by: str | None = None  # the workload this makes room for
 
@@ -172,8 +195,10 @@ class Evict:
 class CycleResult:
     binds: list[Bind] = field(default_factory=list)
     evictions: list[Evict] = field(default_factory=list)
-    pending: dict[str, str] = field(default_factory=dict)  # workload id -> why it waits
+    pending: dict[str, Pending] = field(default_factory=dict)  # workload id -> why it waits
     positions: dict[str, int] = field(default_factory=dict)  # workload id -> 1-based place in its queue
     fair_share: dict[str, dict[str, float]] = field(default_factory=dict)  # queue -> resource -> amount
     allocated: dict[str, dict[str, float]] = field(default_factory=dict)  # queue -> resource -> amount
     actions_ms: dict[str, float] = field(default_factory=dict)  # filled by adapters that time actions
+    reservations: list[Reservation] = field(default_factory=list)  # hand back in the next Snapshot
+    dropped: dict[str, str] = field(default_factory=dict)  # workload id -> why its reservation was dropped

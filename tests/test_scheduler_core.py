@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 from gpupool.scheduler import (NodeSpec, Phase, PodPlacement, QueueSpec, Scheduler, SchedulerConfig, Snapshot,
                                Workload)
 from gpupool.scheduler.fairshare import QueueTree, fair_shares
+from gpupool.scheduler.reasons import Code
 
 
 # ---------------------------------------------------------------- fair share properties
@@ -103,7 +104,7 @@ def test_pipelined_reclaimer_does_not_evict_more_during_grace():
         next(w for w in borrowers if w.id == e.workload).phase = Phase.RELEASING
     r2 = Scheduler().schedule(Snapshot(25, nodes, qs, borrowers + [v]))
     assert r2.evictions == [] and r2.binds == []
-    assert "release" in r2.pending["v"]
+    assert r2.pending["v"].code == Code.RELEASING and "release" in str(r2.pending["v"])
 
 
 def test_steady_state_has_no_preemptions_and_converges_to_fair_share():
@@ -152,7 +153,7 @@ def test_consolidation_moves_a_small_workload_to_open_a_node():
     big = Workload("big", "vision", gpus=4, submit_time=5, priority=50)
     r = Scheduler().schedule(Snapshot(100, nodes, qs, [small_a, small_b, fill_a, big]))
     assert [(e.workload, e.cause) for e in r.evictions] == [("sb", "consolidation")]
-    assert "consolidating" in r.pending["big"]
+    assert r.pending["big"].code == Code.CONSOLIDATING
 
 
 def test_gang_prefers_one_rack():
@@ -171,8 +172,9 @@ def test_reasons_for_selector_unknown_queue_and_determinism():
     ws = [Workload("h", "vision", gpus=1, node_selector={"gpu_model": "H100"}),
           Workload("x", "ghost", gpus=1)]
     r1 = Scheduler().schedule(Snapshot(0, nodes, qs, ws))
-    assert "no node matches node_selector gpu_model=H100" in r1.pending["h"]
-    assert "does not exist" in r1.pending["x"]
+    assert r1.pending["h"].code == Code.NO_MATCHING_NODE
+    assert "no node matches node_selector gpu_model=H100" in str(r1.pending["h"])
+    assert r1.pending["x"].code == Code.NO_QUEUE and "does not exist" in str(r1.pending["x"])
     r2 = Scheduler().schedule(Snapshot(0, nodes, qs, ws))
     assert r1 == r2
 
@@ -247,4 +249,5 @@ def test_reason_names_unschedulable_nodes():
     qs = [QueueSpec("q", deserved={"gpu": 4})]
     r = Scheduler().schedule(Snapshot(0, nodes, qs, [Workload("w", "q", gpus=3)]))
     assert r.binds == []
-    assert "waiting for 3 GPUs: 0 free in the cluster (2 nodes with GPUs not schedulable)" in r.pending["w"]
+    assert r.pending["w"].code == Code.CAPACITY and r.pending["w"].detail["unschedulable_nodes"] == 2
+    assert "waiting for 3 GPUs: 0 free in the cluster (2 nodes with GPUs not schedulable)" in str(r.pending["w"])

@@ -64,6 +64,6 @@ def test_example(ex):
     if "evictions" in expect:
         assert {e.workload: e.cause for e in result.evictions} == expect["evictions"]
     for wid, text in expect.get("pending_reason", {}).items():
-        assert text in result.pending[wid], result.pending[wid]
+        assert text in str(result.pending[wid]), str(result.pending[wid])
     for b in result.binds:
         assert b.reason

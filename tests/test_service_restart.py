@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.scheduler.reasons import Code
+
 from hub_harness import Hub, _environ, hub_leak_check  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
@@ -140,7 +142,7 @@ async def test_queue_removed_from_config_keeps_its_gpus_booked(tmp_path):
     await loop.recover()
     result = await loop.cycle()
     assert not result.binds and not result.evictions  # the one GPU is still the workspace's
-    assert "does not exist" in loop.state.pending["j-000002"]
+    assert loop.state.pending["j-000002"].code == Code.NO_QUEUE
     assert "j-000003" in loop.state.pending
     with sessions() as s:
         ws = s.get(D.Workload, 1)

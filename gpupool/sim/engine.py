@@ -63,6 +63,7 @@ class SimWorkload:
     lost_seconds: float = 0.0
     placements_log: list[dict] = field(default_factory=list)
     pending_reason: str | None = None
+    pending_code: str | None = None
     position: int | None = None
 
     def __post_init__(self) -> None:
@@ -198,6 +199,7 @@ class Engine:
         self.on_cycle = on_cycle
         self.max_cycles = max_cycles  # a safety valve against a scheduler that never settles
         self.sims = [SimWorkload(e, i) for i, e in enumerate(fresh_workloads(scenario))]
+        self.reservations: list = []  # the last cycle's, for the next snapshot
         self.by_name = {s.name: s for s in self.sims}
         self.node_names = {n.name: n for n in scenario.nodes}
         self.now = 0.0
@@ -326,7 +328,7 @@ class Engine:
         sw.run_start = t
         sw.gpu_share = share
         sw.version += 1
-        sw.pending_reason = None
+        sw.pending_reason = sw.pending_code = None
         if not resumed:
             sw.first_start = t
         for p in b.placements:
@@ -366,7 +368,7 @@ class Engine:
                 ct, _ = sw.last_checkpoint(t)
                 sw.w.last_checkpoint_at = ct
         return Snapshot(now=t, nodes=self.scenario.nodes, queues=self.scenario.queues,
-                        workloads=[sw.w for sw in self._active.values()])
+                        workloads=[sw.w for sw in self._active.values()], reservations=self.reservations)
 
     def _accumulate_fair(self, t: float) -> None:
         dt = t - self._fair_since
@@ -388,9 +390,12 @@ class Engine:
             self._apply_evict(e, t)
         for b in result.binds:
             self._apply_bind(b, t)
+        self.reservations = result.reservations  # handed back unchanged next cycle
         for sw in self._active.values():
             if sw.state == "pending":
-                sw.pending_reason = result.pending.get(sw.name, sw.pending_reason)
+                why = result.pending.get(sw.name)
+                if why is not None:
+                    sw.pending_reason, sw.pending_code = str(why), why.code.value
                 sw.position = result.positions.get(sw.name, sw.position)
         self._accumulate_fair(t)
         self._fair_now = {q: float(result.fair_share.get(q, {}).get("gpu", 0.0)) for q in self._fair_now}

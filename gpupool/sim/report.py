@@ -90,6 +90,7 @@ def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float 
             item["state"] = s.state
             if s.state == "pending":
                 item["pending_reason"] = s.pending_reason
+                item["pending_code"] = s.pending_code
                 if s.position is not None:
                     item["position"] = s.position
         workloads.append(item)

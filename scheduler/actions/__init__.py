@@ -1,0 +1,46 @@
+"""The actions of a scheduling cycle, one module each, all with one signature:
+``action(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]`` (the candidates still waiting).
+
+``allocate`` runs first (it takes no ``failed`` list of its own and produces one); the others try
+to make room for what allocate could not place: ``consolidate`` (move workloads to open a node),
+``reclaim`` (take borrowed capacity back for a queue below its fair share) and ``preempt``
+(higher priority within a queue). Every move goes through a ``Statement``.
+"""
+from __future__ import annotations
+
+from ..cycle import Candidate, Cycle, Statement
+from ..fairshare import EPS
+from ..reasons import Code
+
+
+def entitled(ctx: Cycle, c: Candidate) -> bool:
+    """Does ``c`` keep its queue, at every level, within its fair share (or deserved quota)?"""
+    amt = c.amount[0]
+    for x in ctx.tree.path(c.w.queue):
+        bound = max(ctx.tree.queues[x].deserved.get("gpu", 0.0), ctx.fair[x].get("gpu", 0.0))
+        if ctx.effective(x)[0] + ctx.reserved[x] + amt > bound + EPS:
+            return False
+    return True
+
+
+def pipeline(ctx: Cycle, c: Candidate, hold: bool = True) -> bool:
+    """If ``c`` fits once releasing workloads have stopped, plan it there and say so; with
+    ``hold``, reserve that room for it across cycles."""
+    key = (c.shape, ctx.future_version)
+    if key in ctx.no_room:
+        return False
+    if not ctx.fits(c):
+        ctx.no_room.add(key)
+        return False
+    st = Statement(ctx, ctx.future)
+    placements = ctx.place(c, st)
+    if placements is None:  # cannot happen: it was probed
+        ctx.no_room.add(key)
+        return False
+    detail = {"need": c.amount[0], "grace": ctx.cfg.preemption_grace}
+    st.claim(c.w, c.amount[0])
+    if hold:
+        st.reserve(ctx.reservation_for(c, placements, Code.RELEASING, **detail))
+    st.commit()
+    ctx.wait(c, Code.RELEASING, detail)
+    return True

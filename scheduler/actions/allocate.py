@@ -1,0 +1,133 @@
+"""allocate: bind pending workloads where they fit now.
+
+Holders of reservations go first, into the capacity held for them. Then two passes. The first
+binds only workloads that keep their queue, at every level, within its fair share; the second
+lends what is still idle to the rest (work-conserving borrowing). In each pass queues are served
+in ``queue_order`` (a workload that keeps its queue within deserved first, then furthest below
+fair share), and within a queue by priority, then submit time.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..cycle import Candidate, Cycle, Statement, queue_order, raw_key
+from ..fairshare import EPS
+from ..model import Phase, Workload
+
+
+def by_queue(workloads: list[Workload]) -> dict[str, list[Workload]]:
+    out: dict[str, list[Workload]] = {}
+    for w in workloads:
+        out.setdefault(w.queue, []).append(w)
+    for lst in out.values():
+        lst.sort(key=lambda w: (-w.priority, w.submit_time, w.id))
+    return out
+
+
+def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidate]:
+    queues = by_queue(ctx.pending)
+    positions = ctx.result.positions
+    for lst in queues.values():
+        for pos, w in enumerate(lst, 1):
+            positions[w.id] = pos
+    if ctx.reservations:
+        holders = set(ctx.reservations)
+        _bind_holders(ctx)
+        queues = {q: [w for w in lst if w.id not in holders] for q, lst in queues.items()}
+    failed = []
+    deferred: dict[str, list[Workload]] = {}
+    _allocate_pass(ctx, queues, failed, deferred)
+    _allocate_pass(ctx, deferred, failed, None)
+    for c in failed:
+        ctx.wait(c, c.code, c.detail)
+    return failed
+
+
+def _bind_holders(ctx: Cycle) -> None:
+    """Bind each pending holder into what is held for it, once its victims have released."""
+    for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
+        w = ctx.by_id[wid]
+        if w.phase != Phase.PENDING:
+            continue  # moved by consolidation and still releasing: its new place stays held
+        c = ctx.candidate(w)
+        ctx.unhold(wid)
+        placed = None
+        st = Statement(ctx, ctx.now)
+        if ctx.quota_block(c) is None:
+            mine = np.zeros(len(ctx.now.nodes), dtype=bool)
+            for p in r.placements:
+                mine[ctx.now.index[p.node]] = True
+            placed = ctx.place(c.restricted(mine), st) or ctx.place(c, st)
+        if placed is None:
+            ctx.rehold(wid)
+            ctx.wait(w, r.code, r.detail)
+            continue
+        st.commit()
+        for p in r.placements:  # the planned place gives way to the real one
+            ctx.future.give_placement(p, w)
+        ctx.future_place(w, placed)
+        ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
+        del ctx.reservations[wid]
+        ctx.bind(c, placed)
+
+
+def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[Candidate],
+                   deferred: dict[str, list[Workload]] | None) -> None:
+    """One allocate pass. With ``deferred``, workloads that would take their queue above its fair
+    share are set aside there instead of tried.
+
+    A queue keeps its turn through consecutive failures (the order between queues only changes
+    when something binds), and a shape that failed to place is not tried again this cycle:
+    capacity only shrinks during allocate."""
+    key = queue_order(ctx)
+    amounts = ctx.amounts
+    heap = [(key(q, amounts[lst[0].id][0]), q, 0) for q, lst in queues.items() if lst]
+    heapq.heapify(heap)
+    dead = ctx.failed_shapes
+    dead_raw = ctx.failed_requests
+    while heap:
+        k, q, i = heapq.heappop(heap)
+        lst = queues[q]
+        fresh = key(q, amounts[lst[i].id][0])
+        if fresh > k:  # binds elsewhere in its department raised its key: requeue lazily
+            heapq.heappush(heap, (fresh, q, i))
+            continue
+        n = len(lst)
+        check_quota = ctx.limited[q]
+        path = ctx.tree.path(q)
+        bound = False
+        while i < n and not bound:
+            w = lst[i]
+            i += 1
+            if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
+                template = dead_raw.get(raw_key(w))
+                if template is not None:
+                    failed.append(template.like(w))
+                    continue
+            c = ctx.candidate(w)
+            block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
+            if block:
+                c.code, c.detail = block
+                failed.append(c)
+                continue
+            if deferred is not None and c.amount[0] > 0 and any(ctx.over(x, c.amount[0]) > EPS for x in path):
+                deferred.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
+                continue
+            shape = c.shape
+            if shape not in dead:
+                st = Statement(ctx, ctx.now)
+                placements = ctx.place(c, st)
+                if placements is not None:
+                    st.commit()
+                    ctx.future_place(w, placements)
+                    ctx.bind(c, placements)
+                    bound = True
+                    continue
+                dead.add(shape)
+            c.code, c.detail = ctx.capacity_reason(c)
+            dead_raw.setdefault(raw_key(w), c)
+            failed.append(c)
+        if i < n:
+            heapq.heappush(heap, (key(q, amounts[lst[i].id][0]), q, i))

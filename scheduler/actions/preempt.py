@@ -1,0 +1,75 @@
+"""preempt: within a queue, a higher-priority workload preempts lower-priority preemptible ones.
+
+At the queue's limit too: the victims free the headroom the preemptor needs, so a plan must give
+back at least what the preemptor would take beyond the limit.
+"""
+from __future__ import annotations
+
+from ..cycle import Candidate, Cycle
+from ..model import Evict, Workload
+from ..plan import Budget, make_room, plan
+from ..reasons import Cause, Code
+from . import pipeline
+
+
+def _limit_need(ctx: Cycle, c: Candidate) -> float | None:
+    """GPUs the victims must give back for ``c`` to fit under every limit on its path (None:
+    a CPU or memory limit blocks it, which preempting for GPUs cannot fix)."""
+    need = 0.0
+    amt = c.amount[0]
+    for q in ctx.tree.path(c.w.queue):
+        lim = ctx.tree.queues[q].limit.get("gpu")
+        if lim is not None:
+            need = max(need, ctx.effective(q)[0] + ctx.reserved[q] + amt - lim)
+    if ctx.quota_block(c, freed=float("inf")) is not None:
+        return None
+    return need
+
+
+def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
+    left: list[Candidate] = []
+    by_queue: dict[str, list[Workload]] = {}
+    for v in ctx.preemptible_running():
+        by_queue.setdefault(v.queue, []).append(v)
+    lowest = {q: min(v.priority for v in vs) for q, vs in by_queue.items()}
+    tried: set[tuple] = set()
+    for c in failed:
+        w = c.w
+        if (c.code == Code.NON_PREEMPTIBLE or (c.amount[0] <= 0 and c.amount[1] <= 0)
+                or lowest.get(w.queue, w.priority) >= w.priority):
+            left.append(c)
+            continue
+        need_freed = 0.0
+        if c.code == Code.LIMIT:
+            need = _limit_need(ctx, c)
+            if need is None:
+                left.append(c)
+                continue
+            need_freed = need
+        elif pipeline(ctx, c):
+            continue
+        key = (c.shape, w.queue, w.priority)
+        if key in tried:
+            left.append(c)
+            continue
+        cands = [v for v in by_queue[w.queue] if v.priority < w.priority and v.id not in ctx.evicted]
+        found = plan(ctx, c, cands, Budget(), need_freed) if cands else None
+        if found is None:
+            tried.add(key)
+            left.append(c)
+            continue
+        victims = found[0]
+        opened = make_room(ctx, c, *found)
+        if opened is None:
+            left.append(c)
+            continue
+        st, placements = opened
+        st.claim(w, c.amount[0])
+        for v in victims:
+            st.evict(v, Evict(v.id, Cause.PRIORITY.value, (
+                f"preempted: higher-priority {w.kind} workload {w.id} (priority {w.priority}) needs the GPUs "
+                f"in queue {w.queue}"), w.id))
+        st.reserve(ctx.reservation_for(c, placements, Code.PREEMPTING))
+        st.commit()
+        ctx.wait(c, Code.PREEMPTING)
+    return left

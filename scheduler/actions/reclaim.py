@@ -1,0 +1,95 @@
+"""reclaim: a queue below its fair share takes back borrowed capacity.
+
+Queues are compared where their ancestries split; ``plan.ReclaimBudget`` says which borrowers may
+go (no ping-pong). A reclaimer whose victims are chosen reserves the capacity it counts on (idle
+now and being released) until it binds: see docs/scheduling.md, "Reservations".
+"""
+from __future__ import annotations
+
+from ..cycle import Candidate, Cycle
+from ..fairshare import EPS
+from ..model import Evict, Workload
+from ..plan import ReclaimBudget, make_room, plan
+from ..reasons import Cause, Code
+from . import pipeline
+
+
+def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
+    left: list[Candidate] = []
+    protected: list[Workload] = []
+    pool: dict[str, list[Workload]] = {}
+    for v in ctx.preemptible_running(protected):
+        pool.setdefault(v.queue, []).append(v)
+    tried: dict[tuple, tuple | None] = {}  # (shape, queue) that found no victims -> why not
+    headroom: dict[str, float] = {}  # GPUs a queue may still take up to its fair share
+    groups: dict[str, list[Candidate]] = {}
+    for c in failed:
+        groups.setdefault(c.w.queue, []).append(c)
+    todo: list[Candidate] = []
+    for q, lst in groups.items():
+        headroom[q] = -ctx.over(q)
+        if headroom[q] > EPS:
+            todo.extend(lst)
+            continue
+        left.extend(lst)  # at or above its fair share: nothing to reclaim for this queue
+        held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
+        for c in lst if held > EPS or fair > EPS else ():
+            if c.code == Code.CAPACITY and c.amount[0] > 0:
+                ctx.wait(c, Code.FAIR_SHARE, {**c.detail, "held": held, "fair": fair})
+    for c in todo:
+        w = c.w
+        room = headroom[w.queue]
+        amt = c.amount[0]
+        if c.quota_bound or amt <= 0 or amt > room + EPS:
+            left.append(c)  # quota-bound, or the reclaimer would end above its fair share
+            continue
+        if pipeline(ctx, c):
+            headroom[w.queue] = room - amt
+            continue
+        key = (c.shape, w.queue)
+        if key in tried:
+            if tried[key]:
+                ctx.wait(c, *tried[key])
+            left.append(c)
+            continue
+        budget = ReclaimBudget(ctx, w.queue, amt)
+        cands = [v for p, vs in pool.items() if p != w.queue and budget.candidate_side(p)
+                 for v in vs if v.id not in ctx.evicted]
+        found = plan(ctx, c, cands, budget) if cands else None
+        if found is None:
+            why = _why_not(ctx, c, budget, cands, protected)
+            tried[key] = why
+            if why:
+                ctx.wait(c, *why)
+            left.append(c)
+            continue
+        victims = found[0]
+        opened = make_room(ctx, c, *found)
+        if opened is None:
+            left.append(c)
+            continue
+        st, placements = opened
+        st.claim(w, amt)
+        fair = ctx.fair[w.queue].get("gpu", 0.0)
+        for v in victims:
+            ap, _, held, deserved = budget.sides[v.queue][:4]
+            st.evict(v, Evict(v.id, Cause.RECLAIM.value, (
+                f"preempted: reclaimed by queue {w.queue}, which is below its fair share ({fair:g} GPUs); "
+                f"{ap} holds {held:g} GPUs (deserved {deserved:g}, fair share {ctx.fair[ap].get('gpu', 0.0):g})"),
+                w.id))
+        st.reserve(ctx.reservation_for(c, placements, Code.RECLAIMING, need=amt))
+        st.commit()
+        headroom[w.queue] = room - amt
+        ctx.wait(c, Code.RECLAIMING, {"need": amt})
+    return left
+
+
+def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, cands: list[Workload],
+             protected: list[Workload]) -> tuple | None:
+    """The reason a reclaim found no victims, when there is one more precise than capacity."""
+    if budget.refused:
+        return Code.RECLAIM_REFUSED, {**c.detail, "holder": budget.refused}
+    young = [v for v in protected if v.queue != c.w.queue and budget.candidate_side(v.queue)]
+    if young and plan(ctx, c, cands + young, ReclaimBudget(ctx, c.w.queue, c.amount[0])) is not None:
+        return Code.MIN_RUNTIME, {**c.detail, "min_runtime": ctx.cfg.min_runtime}
+    return None

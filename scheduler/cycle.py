@@ -1,0 +1,642 @@
+"""The working context of one scheduling cycle: capacity views, queue accounting, the Statement
+through which actions move workloads, and the reservations carried from the last cycle.
+
+Two capacity views are kept per cycle:
+
+* ``now``: what is physically held (running and releasing workloads, and what reservations hold
+  of the free capacity); allocate binds here.
+* ``future``: what will be held once every releasing workload has stopped, with every
+  reservation's planned placement taken; reclaim, preempt and consolidate plan here, and a pending
+  workload that fits in ``future`` waits for the release ("pipelined") instead of evicting anyone.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .cluster import ClusterState, PodRequest
+from .fairshare import EPS, QueueTree, fair_shares
+from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacement, Reservation, SchedulerConfig,
+                    Snapshot, Workload)
+from .placement import FirstFit, make_policy
+from .reasons import Code, Pending
+from .victims import lost_gpu_seconds
+
+Vec = tuple[float, float, float]  # gpu, cpu, memory
+PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
+
+
+def _add(a: Vec, b: Vec, sign: float = 1.0) -> Vec:
+    return (a[0] + sign * b[0], a[1] + sign * b[1], a[2] + sign * b[2])
+
+
+class Statement:
+    """Tentative moves of one action, with the accounting they imply, undone as a unit.
+
+    ``place``/``remove`` move pods on one capacity view (``state``); ``claim`` counts a pending
+    workload's planned capacity against its queues; ``evict`` marks a victim as releasing (queue
+    accounting and the cycle's evictions); ``reserve`` holds a placement for a workload across
+    cycles. ``mark()`` is a checkpoint; ``rollback(mark)`` undoes everything after it."""
+
+    def __init__(self, ctx: "Cycle", state: ClusterState):
+        self.ctx = ctx
+        self.state = state
+        self.ops: list[tuple] = []
+
+    def mark(self) -> int:
+        return len(self.ops)
+
+    def place(self, w: Workload, placements: tuple[PodPlacement, ...]) -> None:
+        for p in placements:
+            self.state.take_placement(p, w)
+        self.ops.append(("place", w, placements))
+
+    def remove(self, w: Workload, placements: tuple[PodPlacement, ...]) -> None:
+        for p in placements:
+            self.state.give_placement(p, w)
+        self.ops.append(("remove", w, placements))
+
+    def claim(self, w: Workload, amount: float) -> None:
+        self.ctx._claim(w.queue, amount)
+        self.ops.append(("claim", w, amount))
+
+    def evict(self, v: Workload, ev: Evict) -> None:
+        self.ctx._evict(v, ev, +1)
+        self.ops.append(("evict", v, ev))
+
+    def reserve(self, r: Reservation) -> None:
+        self.ctx.reservations[r.workload] = r
+        self.ops.append(("reserve", r, None))
+
+    def rollback(self, to: int = 0) -> None:
+        """Undo the moves made after the first ``to`` (all of them by default)."""
+        ctx = self.ctx
+        while len(self.ops) > to:
+            op, x, arg = self.ops.pop()
+            if op == "place":
+                for p in arg:
+                    self.state.give_placement(p, x)
+            elif op == "remove":
+                for p in arg:
+                    self.state.take_placement(p, x)
+            elif op == "claim":
+                ctx._claim(x.queue, -arg)
+            elif op == "evict":
+                ctx._evict(x, arg, -1)
+            elif op == "reserve":
+                ctx.reservations.pop(x.workload, None)
+
+    def commit(self) -> list[tuple]:
+        ops, self.ops = self.ops, []
+        return ops
+
+
+class Candidate:
+    """A workload being tried this cycle, with its request resolved and, once it failed, why
+    (``code`` and ``detail``: see reasons.py)."""
+
+    __slots__ = ("w", "req", "amount", "mask", "shape", "code", "detail")
+
+    def __init__(self, w: Workload, req: PodRequest, amount: Vec, mask: np.ndarray | None):
+        self.w, self.req, self.amount, self.mask = w, req, amount, mask
+        # workloads with the same shape place identically: a failure for one is a failure for all
+        sel = w.node_selector
+        self.shape = (req, w.pods, tuple(sorted(sel.items())) if sel else ())
+        self.code: Code | None = None
+        self.detail: dict = {}
+
+    def like(self, w: Workload) -> "Candidate":
+        """The same request and failure for another workload of the same shape."""
+        c = Candidate.__new__(Candidate)
+        c.w, c.req, c.amount, c.mask, c.shape = w, self.req, self.amount, self.mask, self.shape
+        c.code, c.detail = self.code, self.detail
+        return c
+
+    def restricted(self, mask: np.ndarray | None) -> "Candidate":
+        """The same candidate limited to the nodes of ``mask`` (None: unchanged)."""
+        if mask is None:
+            return self
+        c = Candidate(self.w, self.req, self.amount, mask if self.mask is None else (mask & self.mask))
+        c.code, c.detail = self.code, self.detail
+        return c
+
+    @property
+    def quota_bound(self) -> bool:
+        return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE)
+
+
+def raw_key(w: Workload) -> tuple:
+    """The request of a pending workload as plain values (cheaper than a Candidate)."""
+    sel = w.node_selector
+    return (w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, tuple(sorted(sel.items())) if sel else ())
+
+
+def fits_on(state: ClusterState, n: int, req: PodRequest) -> bool:
+    """Does one pod of ``req`` fit on node ``n`` now? (O(GPUs), no scoring.)"""
+    if state.cpu_free[n] < req.cpu_milli or state.mem_free[n] < req.memory:
+        return False
+    if req.num_gpus == 0:
+        return True
+    milli = state.milli_on(n, req)
+    return milli <= MILLI and int((state.gpu_free[n] >= milli).sum()) >= req.num_gpus
+
+
+class Cycle:
+    """Working context of one scheduling cycle."""
+
+    def __init__(self, snap: Snapshot, cfg: SchedulerConfig, policies: dict | None = None):
+        self.snap = snap
+        self.cfg = cfg
+        self.now_t = snap.now
+        self.tree = QueueTree(snap.queues)
+        self.now = ClusterState(snap.nodes)
+        self.result = CycleResult()
+        self.max_gpu_mem = int(self.now.gpu_mem.max()) if len(self.now.gpu_mem) else 0
+        self.workloads = [w for w in snap.workloads if w.queue in self.tree.queues]
+        self.by_id = {w.id: w for w in self.workloads}
+        names = list(self.tree.queues)
+        self._reqs: dict[tuple, PodRequest] = {}
+        self._masks: dict[tuple, np.ndarray | None] = {}
+        self._pending_amounts: dict[tuple, Vec] = {}
+        self._topology: list[tuple[str, np.ndarray]] | None = None
+        self.amounts: dict[str, Vec] = {}
+        leaf_alloc: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        leaf_rel: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        leaf_nonpre: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        demand_leaf: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
+        shape_count: dict[PodRequest, float] = {}
+        self.pending: list[Workload] = []
+        self.running: list[Workload] = []
+        releasing: list[Workload] = []
+        held: list[Workload] = []
+        for w in self.workloads:
+            amt = self.amounts[w.id] = self.amount(w)
+            d = demand_leaf[w.queue]
+            d[0] += amt[0]
+            d[1] += amt[1]
+            d[2] += amt[2]
+            rkey = (w.gpus, w.gpu_memory, w.cpu, w.memory)
+            shape_count[rkey] = shape_count.get(rkey, 0.0) + w.pods
+            if w.phase == Phase.PENDING:
+                self.pending.append(w)
+                continue
+            held.append(w)
+            for acc, on in ((leaf_alloc, True), (leaf_nonpre, not w.preemptible),
+                            (leaf_rel, w.phase == Phase.RELEASING)):
+                if on:
+                    v = acc[w.queue]
+                    v[0] += amt[0]
+                    v[1] += amt[1]
+                    v[2] += amt[2]
+            (releasing if w.phase == Phase.RELEASING else self.running).append(w)
+        # Queue accounting, rolled up to departments. alloc: held (running + releasing + bound this
+        # cycle); releasing: part of alloc on its way out; nonpre: held by non-preemptible workloads;
+        # reserved: planned for pending workloads (reservations and plans made this cycle).
+        self.alloc = self._rollup(leaf_alloc)
+        self.releasing = self._rollup(leaf_rel)
+        self.nonpre = self._rollup(leaf_nonpre)
+        self._take_all(held)
+        self.future = self.now.copy()
+        for w in releasing:
+            for p in w.placements:
+                self.future.give_placement(p, w)
+        self.future_version = 0  # bumped whenever the future view gains room
+        cap = (float(self.now.num_gpus[self.now.schedulable].sum()),
+               self._capacity(self.now.cpu_total) / MILLI, self._capacity(self.now.mem_total))
+        self.capacity = dict(zip(RESOURCES, cap))
+        demand = {n: dict(zip(RESOURCES, v)) for n, v in demand_leaf.items()}
+        self.fair = fair_shares(self.tree, demand, self.capacity)
+        gpu_shapes = {}
+        for rkey, count in shape_count.items():
+            req = self._req_for(rkey)
+            if req.num_gpus:
+                gpu_shapes[req] = gpu_shapes.get(req, 0.0) + count
+        total = sum(gpu_shapes.values()) or 1.0
+        self.shapes = sorted(((r, c / total) for r, c in gpu_shapes.items()), key=lambda rc: rc[0].shape)
+        # one policy instance per capacity view (fragmentation-aware policies cache per-node scores
+        # and would recompute every row that differs each time the view switched); the Scheduler
+        # reuses them across cycles while the workload's shapes are unchanged
+        self.policies = policies if policies is not None else {}
+        if self.policies.get("shapes") != self.shapes:
+            self.policies.clear()
+            self.policies["shapes"] = self.shapes
+        self.policy = self._policy("now")
+        self.failed_shapes: set[tuple] = set()
+        self.failed_requests: dict[tuple, Candidate] = {}  # raw request -> the candidate that failed
+        self.reasons: dict[tuple, tuple[Code, dict]] = {}  # capacity reasons by shape, reset on binds
+        self.evicted: set[str] = set()
+        self.reserved: dict[str, float] = {n: 0.0 for n in names}
+        self._vnodes: dict[str, list[tuple[int, int]]] = {}
+        self._vcost: dict[str, float] = {}
+        self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
+        self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
+        # reservations: those carried in and still valid, plus those made this cycle
+        self.reservations: dict[str, Reservation] = {}
+        self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
+        self.held_milli = 0  # free GPU milli of the now view held for reservations
+        self._intake(snap.reservations)
+
+    def _policy(self, view: str):
+        pol = self.policies.get(view)
+        if pol is None:
+            pol = self.policies[view] = make_policy(self.cfg.placement, shapes=self.shapes, seed=self.cfg.seed)
+        return pol
+
+    def _take_all(self, held: list[Workload]) -> None:
+        """Take every held workload's resources from the ``now`` view in one vectorised step."""
+        st = self.now
+        nodes, gpus, milli, pod_nodes, cpu, mem = [], [], [], [], [], []
+        for w in held:
+            c, m = int(round(w.cpu * MILLI)), w.memory
+            for p in w.placements:
+                n = st.index.get(p.node)
+                if n is None:
+                    continue
+                pod_nodes.append(n)
+                cpu.append(c)
+                mem.append(m)
+                for g in p.gpus:
+                    nodes.append(n)
+                    gpus.append(g)
+                    milli.append(p.milli)
+        if nodes:
+            np.subtract.at(st.gpu_free, (np.array(nodes), np.array(gpus)), np.array(milli, dtype=np.int64))
+        if pod_nodes:
+            idx = np.array(pod_nodes)
+            np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
+            np.subtract.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
+
+    def _rollup(self, leaf: dict[str, list[float]]) -> dict[str, Vec]:
+        out = {n: [0.0, 0.0, 0.0] for n in self.tree.queues}
+        for q, v in leaf.items():
+            if v[0] or v[1] or v[2]:
+                for x in self.tree.path(q):
+                    o = out[x]
+                    o[0] += v[0]
+                    o[1] += v[1]
+                    o[2] += v[2]
+        return {n: (v[0], v[1], v[2]) for n, v in out.items()}
+
+    def request(self, w: Workload) -> PodRequest:
+        return self._req_for((w.gpus, w.gpu_memory, w.cpu, w.memory))
+
+    def _req_for(self, key: tuple) -> PodRequest:
+        r = self._reqs.get(key)
+        if r is None:
+            gpus, gpu_memory, cpu, memory = key
+            r = self._reqs[key] = PodRequest.for_workload(Workload("", "", gpus=gpus, gpu_memory=gpu_memory,
+                                                                   cpu=cpu, memory=memory))
+        return r
+
+    def mask(self, selector: dict[str, str]) -> np.ndarray | None:
+        if not selector:
+            return None
+        key = tuple(sorted(selector.items()))
+        if key not in self._masks:
+            self._masks[key] = self.now.node_mask(selector)
+        return self._masks[key]
+
+    # -- reservations ----------------------------------------------------------------------------
+    def _intake(self, reservations: Iterable[Reservation]) -> None:
+        """Take in the reservations the last cycle returned. One whose holder has bound or ended
+        lapses silently; one that can no longer be honoured is dropped with the reason in
+        ``result.dropped`` (its holder is then planned afresh this cycle)."""
+        timeout = self.cfg.reservation_timeout
+        if timeout is None:
+            timeout = 2 * self.cfg.preemption_grace + 60.0
+        for r in sorted(reservations, key=lambda r: (r.since, r.workload)):
+            w = self.by_id.get(r.workload)
+            if w is None or w.phase == Phase.RUNNING or r.workload in self.reservations:
+                continue
+            why = ""
+            if self.now_t - r.since > timeout:
+                why = f"its victims did not release the capacity within {timeout:g}s"
+            elif r.code == Code.RECLAIMING and w.phase == Phase.PENDING:
+                why = self._unentitled(w)
+            if not why:
+                why = self._hold(w, r)
+            if why:
+                self.result.dropped[w.id] = why
+                continue
+            self.reservations[w.id] = r
+
+    def _unentitled(self, w: Workload) -> str:
+        """Why a reclaimer is no longer entitled to what it reserved (empty: it still is)."""
+        amt = self.amounts[w.id][0]
+        for x in self.tree.path(w.queue):
+            held = self.effective(x)[0] + self.reserved[x] + amt
+            bound = max(self.tree.queues[x].deserved.get("gpu", 0.0), self.fair[x].get("gpu", 0.0))
+            if held > bound + EPS:
+                return (f"queue {x} would hold {held:g} GPUs with it, above its deserved quota and fair "
+                        f"share ({bound:g})")
+        return ""
+
+    def _hold(self, w: Workload, r: Reservation) -> str:
+        """Take ``r``'s placements in the future view and hold what is free of them now."""
+        fut, now = self.future, self.now
+        cpu, mem = int(round(w.cpu * MILLI)), w.memory
+        taken: list[PodPlacement] = []
+        why = ""
+        for p in r.placements:
+            n = fut.index.get(p.node)
+            if n is None or not fut.schedulable[n]:
+                why = f"node {p.node} is gone or no longer schedulable"
+                break
+            if (fut.cpu_free[n] < cpu or fut.mem_free[n] < mem
+                    or any(g >= fut.num_gpus[n] or fut.gpu_free[n, g] < p.milli for g in p.gpus)):
+                why = f"the capacity planned on node {p.node} is no longer there"
+                break
+            fut.take_placement(p, w)
+            taken.append(p)
+        if why:
+            for p in taken:
+                fut.give_placement(p, w)
+            return why
+        self._claim(w.queue, self.amounts[w.id][0])
+        self._hold_now(w, r.placements)
+        return ""
+
+    def unhold(self, wid: str) -> None:
+        """Give the now-view capacity held for ``wid`` back (it is about to bind into it)."""
+        for n, gpus, gh, ch, mh in self.holds.pop(wid, ()):
+            for g, h in zip(gpus, gh):
+                if h:
+                    self.now.give(n, (g,), h, 0, 0)
+            if ch or mh:
+                self.now.give(n, (), 0, ch, mh)
+            self.held_milli -= sum(gh)
+
+    def rehold(self, wid: str) -> None:
+        """Undo ``unhold`` (the holder could not bind yet)."""
+        self._hold_now(self.by_id[wid], self.reservations[wid].placements)
+
+    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...]) -> None:
+        """Hold for ``w`` whatever of ``placements`` is free in the now view (the rest is still
+        held by the workloads releasing it), so that nobody else binds there meanwhile."""
+        now = self.now
+        cpu, mem = int(round(w.cpu * MILLI)), w.memory
+        holds = []
+        for p in placements:
+            n = now.index[p.node]
+            gh = tuple(int(min(p.milli, max(0, now.gpu_free[n, g]))) for g in p.gpus)
+            ch = int(min(cpu, max(0, now.cpu_free[n])))
+            mh = int(min(mem, max(0, now.mem_free[n])))
+            for g, h in zip(p.gpus, gh):
+                if h:
+                    now.take(n, (g,), h, 0, 0)
+            if ch or mh:
+                now.take(n, (), 0, ch, mh)
+            self.held_milli += sum(gh)
+            holds.append((n, p.gpus, gh, ch, mh))
+        self.holds[w.id] = holds
+
+    def reservation_for(self, c: Candidate, placements: tuple[PodPlacement, ...], code: Code,
+                        **detail) -> Reservation:
+        return Reservation(c.w.id, placements, code, self.now_t, detail)
+
+    # -- accounting ------------------------------------------------------------------------------
+    def _capacity(self, totals: np.ndarray) -> float:
+        sched = totals[self.now.schedulable]
+        if (sched >= np.int64(2**59)).any():
+            return float("inf")
+        return float(sched.sum())
+
+    def amount(self, w: Workload) -> Vec:
+        """What the workload holds (or, pending, is expected to hold): GPUs, cores, bytes."""
+        if w.placements:
+            gpu = sum(len(p.gpus) * p.fraction for p in w.placements)
+            return (gpu, w.cpu * w.pods, float(w.memory * w.pods))
+        key = (w.pods, w.gpus, w.gpu_memory, w.cpu, w.memory)
+        amt = self._pending_amounts.get(key)
+        if amt is None:
+            amt = self._pending_amounts[key] = self._pending_amount(w)
+        return amt
+
+    def _pending_amount(self, w: Workload) -> Vec:
+        if w.gpu_memory > 0:
+            gpu = w.pods * min(1.0, w.gpu_memory / self.max_gpu_mem) if self.max_gpu_mem else float(w.pods)
+        else:
+            gpu = w.pods * w.gpus
+        return (gpu, w.cpu * w.pods, float(w.memory * w.pods))
+
+    def _account(self, w: Workload, amt: Vec, sign: int) -> None:
+        for q in self.tree.path(w.queue):
+            self.alloc[q] = _add(self.alloc[q], amt, sign)
+            if not w.preemptible:
+                self.nonpre[q] = _add(self.nonpre[q], amt, sign)
+
+    def _claim(self, queue: str, amount: float) -> None:
+        for q in self.tree.path(queue):
+            self.reserved[q] += amount
+
+    def _evict(self, v: Workload, ev: Evict, sign: int) -> None:
+        amt = self.amounts[v.id]
+        for q in self.tree.path(v.queue):
+            self.releasing[q] = _add(self.releasing[q], amt, sign)
+        if sign > 0:
+            self.evicted.add(v.id)
+            self.future_version += 1
+            self.result.evictions.append(ev)
+        else:
+            self.evicted.discard(v.id)
+            self.result.evictions.remove(ev)
+
+    def effective(self, q: str) -> Vec:
+        """Held and staying: allocation less what is being released."""
+        return _add(self.alloc[q], self.releasing[q], -1)
+
+    def over(self, q: str, extra: float = 0.0) -> float:
+        """GPUs above fair share (negative: below), counting room reserved for its pending
+        workloads that wait for preempted ones to release."""
+        return self.effective(q)[0] + self.reserved[q] + extra - self.fair[q].get("gpu", 0.0)
+
+    # -- placement -------------------------------------------------------------------------------
+    def candidate(self, w: Workload) -> Candidate:
+        return Candidate(w, self.request(w), self.amounts.get(w.id) or self.amount(w), self.mask(w.node_selector))
+
+    def place(self, c: Candidate, st: Statement, probe: bool = False) -> tuple[PodPlacement, ...] | None:
+        """Place every pod of ``c`` on ``st.state`` (all or none; a gang prefers one topology
+        domain). On success the pods are placed through ``st``; on failure nothing changed.
+        ``probe``: only the answer matters (does it fit?), so take the first feasible node
+        instead of scoring every node with the placement policy."""
+        policy = PROBE if probe else (self._policy("future") if st.state is self.future else self.policy)
+        domains = self._domains(c, st.state) if c.w.pods > 1 else [None]
+        for dmask in domains:
+            mask = c.mask if dmask is None else (dmask if c.mask is None else (dmask & c.mask))
+            mark = st.mark()
+            placements = []
+            for i in range(c.w.pods):
+                choice = policy.choose(st.state, c.req, mask)
+                if choice is None:
+                    break
+                node, gpus, milli = choice
+                p = PodPlacement(i, st.state.nodes[node].name, tuple(int(g) for g in gpus),
+                                 milli / MILLI if c.req.num_gpus else 0.0)
+                st.place(c.w, (p,))
+                placements.append(p)
+            if len(placements) == c.w.pods:
+                return tuple(placements)
+            st.rollback(mark)  # undo this domain's partial gang
+        return None
+
+    def fits(self, c: Candidate, state: ClusterState | None = None) -> bool:
+        """Would ``c`` fit on ``state`` (the future view by default)? Nothing changes."""
+        probe = Statement(self, self.future if state is None else state)
+        if self.place(c, probe, probe=True) is None:
+            return False
+        probe.rollback()
+        return True
+
+    def _domains(self, c: Candidate, state: ClusterState) -> list[np.ndarray | None]:
+        """Topology domains to try for a gang: those with enough free GPU milli in all, tightest
+        first (bin-packing across domains), then the whole cluster."""
+        if self._topology is None:
+            key = self.cfg.topology_key
+            labels = [n.labels.get(key) for n in self.now.nodes]
+            values = sorted({v for v in labels if v is not None})
+            arr = np.array([v if v is not None else "" for v in labels], dtype=object)
+            self._topology = [(v, arr == v) for v in values] if len(values) >= 2 else []
+        if not self._topology:
+            return [None]
+        need = c.req.gpu_milli_total * c.w.pods
+        free = [(int(state.gpu_free[d].sum()), v, d) for v, d in self._topology]
+        return [d for f, v, d in sorted(free, key=lambda t: (t[0], t[1])) if f >= need] + [None]
+
+    # -- quota checks ----------------------------------------------------------------------------
+    def quota_block(self, c: Candidate, freed: float = 0.0) -> tuple[Code, dict] | None:
+        """Why quota alone stops ``c`` now (None: quota allows it). ``freed``: GPUs that planned
+        victims of its own queue will give back (priority preemption at a limit)."""
+        w, amt = c.w, c.amount
+        for q in self.tree.path(w.queue) if self.limited[w.queue] else ():
+            spec = self.tree.queues[q]
+            for i, res in enumerate(RESOURCES):
+                lim = spec.limit.get(res)
+                used = self.alloc[q][i] - (freed if i == 0 else 0.0)
+                if lim is not None and amt[i] > 0 and used + amt[i] > lim + EPS:
+                    return Code.LIMIT, {"at": q, "resource": res, "limit": lim, "used": self.alloc[q][i],
+                                        "over": used + amt[i] - lim}
+        if not w.preemptible:
+            spec = self.tree.queues[w.queue]
+            for i, res in enumerate(RESOURCES):
+                if amt[i] <= 0 or (res != "gpu" and res not in spec.deserved):
+                    continue
+                deserved = spec.deserved.get(res, 0.0)
+                if self.nonpre[w.queue][i] + amt[i] > deserved + EPS:
+                    return Code.NON_PREEMPTIBLE, {"kind": w.kind, "resource": res, "deserved": deserved,
+                                                  "held": self.nonpre[w.queue][i]}
+        return None
+
+    def capacity_reason(self, c: Candidate) -> tuple[Code, dict]:
+        key = c.shape
+        hit = self.reasons.get(key)
+        if hit is None:
+            hit = self.reasons[key] = self._capacity_reason(c)
+        return hit
+
+    def _capacity_reason(self, c: Candidate) -> tuple[Code, dict]:
+        need = c.amount[0]
+        if c.mask is not None and not c.mask.any():
+            sel = ", ".join(f"{k}={v}" for k, v in c.w.node_selector.items())
+            return Code.NO_MATCHING_NODE, {"selector": sel}
+        if need <= 0:
+            return Code.CAPACITY, {"need": 0.0}
+        sel = self.now.schedulable & (c.mask if c.mask is not None else True)
+        free = self.now.gpu_free[sel].sum() / MILLI
+        detail = {"need": need, "pods": c.w.pods, "free": float(free)}
+        if free + EPS >= need:
+            return Code.FRAGMENTED, detail
+        if self.holds:
+            held = 0
+            holders = []
+            for wid, holds in self.holds.items():
+                h = sum(sum(gh) for n, _, gh, _, _ in holds if sel is True or sel[n])
+                if h:
+                    held += h
+                    holders.append(wid)
+            if held and free + held / MILLI + EPS >= need:
+                return Code.RESERVED, {**detail, "reserved": held / MILLI, "holder": ", ".join(sorted(holders))}
+        off = int((~self.now.schedulable & (self.now.num_gpus > 0)).sum())
+        if off:
+            detail["unschedulable_nodes"] = off
+        return Code.CAPACITY, detail
+
+    def wait(self, c: Candidate | Workload, code: Code, detail: dict | None = None) -> None:
+        """Record why a workload waits this cycle."""
+        w = c if isinstance(c, Workload) else c.w
+        self.result.pending[w.id] = Pending(code, w.queue, self.result.positions.get(w.id, 1), detail or {})
+
+    # -- binding ---------------------------------------------------------------------------------
+    def bind(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:
+        w = c.w
+        before = self.alloc[w.queue][0]
+        deserved = self.tree.queues[w.queue].deserved.get("gpu", 0.0)
+        amt = (sum(len(p.gpus) * p.fraction for p in placements), c.amount[1], c.amount[2])
+        self._account(w, amt, +1)
+        over = w.preemptible and before + amt[0] > deserved + EPS and amt[0] > 0
+        if over:
+            reason = (f"borrowing idle GPUs beyond {w.queue}'s deserved {deserved:g} GPUs; "
+                      f"may be preempted when their owners need them")
+        else:
+            reason = f"within the deserved quota of {w.queue}"
+        self.result.binds.append(Bind(w.id, placements, reason, over_quota=over))
+        self.result.pending.pop(w.id, None)
+        self.reasons.clear()  # free capacity changed
+
+    def future_place(self, w: Workload, placements: tuple[PodPlacement, ...]) -> None:
+        for p in placements:
+            self.future.take_placement(p, w)
+
+    # -- victims ---------------------------------------------------------------------------------
+    def victim_nodes(self, v: Workload) -> list[tuple[int, int]]:
+        """(node index, milli held there) for each node the workload runs on (cached)."""
+        hit = self._vnodes.get(v.id)
+        if hit is None:
+            per: dict[int, int] = {}
+            for p in v.placements:
+                n = self.future.index.get(p.node)
+                if n is not None:
+                    per[n] = per.get(n, 0) + p.milli * len(p.gpus)
+            hit = self._vnodes[v.id] = sorted(per.items())
+        return hit
+
+    def victim_cost(self, v: Workload) -> float:
+        hit = self._vcost.get(v.id)
+        if hit is None:
+            hit = self._vcost[v.id] = lost_gpu_seconds(v, self.now_t, self.amounts[v.id][0])
+        return hit
+
+    def preemptible_running(self, protected: list[Workload] | None = None) -> list[Workload]:
+        """Running workloads that may be preempted now; those still inside ``min_runtime`` go
+        to ``protected`` (when given) instead."""
+        t = self.now_t
+        out = []
+        for w in self.running:
+            if not w.preemptible or w.id in self.evicted:
+                continue
+            if w.started_at is None or t - w.started_at >= self.cfg.min_runtime:
+                out.append(w)
+            elif protected is not None:
+                protected.append(w)
+        return out
+
+
+def queue_order(ctx: Cycle) -> Callable[[str, float], tuple]:
+    """Hierarchical order of queues for a workload of ``amount`` GPUs: compare the queues'
+    ancestries level by level from the root. At each level, a workload that keeps the queue within
+    its deserved quota goes ahead of one that would take it above (guarantees before borrowing,
+    as Run:ai orders them); then queues by GPUs held above fair share (furthest below first), then
+    queue priority. These are the measures reclaim's rules use, so what a reclaim frees ranks the
+    reclaimer first, never the victim."""
+    const = {x: (spec.deserved.get("gpu", 0.0) + EPS, ctx.fair[x].get("gpu", 0.0), -spec.priority)
+             for x, spec in ctx.tree.queues.items()}
+    alloc, releasing, reserved = ctx.alloc, ctx.releasing, ctx.reserved
+
+    def key(q: str, amount: float) -> tuple:
+        out = []
+        for x in ctx.tree.path(q):
+            deserved, fair, prio = const[x]
+            held = alloc[x][0] - releasing[x][0] + reserved[x]  # == ctx.effective(x)[0] + reserved
+            out.append((held + amount > deserved, held - fair, prio, x))
+        return tuple(out)
+    return key

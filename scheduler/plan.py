@@ -1,0 +1,281 @@
+"""Victim planning: which running workloads to preempt so that a pending one fits.
+
+A bounded search rather than greedy-then-refuse. Each attempt is a greedy pass that picks, at
+every step, the best remaining victim by ``victims.victim_key`` with every queue's excess over its
+fair share re-evaluated after each choice (so a plan stops taking from a queue that has dropped
+to its share), skips victims its ``Budget`` refuses, stops as soon as the workload fits, and
+then prunes victims that turned out unnecessary. When the first attempt had to skip a victim (a
+whole gang its budget refused after cheaper victims of the same queue were taken, say), further
+attempts start from each refused victim, and one takes the largest victims first. The best plan
+wins: least work lost, then fewest victims, then the most over-quota queues, then node name.
+
+A single-pod workload is planned node by node (its pod needs room on one node); a gang over the
+whole cluster. Budgets are the policy hooks: ``Budget`` (any victim; priority preemption within
+a queue) and ``ReclaimBudget`` (only borrowed capacity, no ping-pong).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .cycle import Candidate, Cycle, Statement, fits_on
+from .fairshare import EPS
+from .model import PodPlacement, Workload
+from .victims import victim_key
+
+MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
+
+
+class Budget:
+    """Which victims a plan may take. The default takes any (priority preemption in a queue)."""
+
+    refused = ""
+
+    def reset(self) -> None:
+        pass
+
+    def allows(self, v: Workload) -> bool:
+        return True
+
+    def take(self, v: Workload) -> None:
+        pass
+
+
+class ReclaimBudget(Budget):
+    """Which borrowers a reclaim may take, checked in O(1) per victim. Queues are compared where
+    their ancestries split (the reclaimer's side and the victim's side). Either rule suffices:
+
+    * guarantee: the reclaimer's side ends within its deserved quota, and the victim's side still
+      holds more than its own deserved quota before this victim goes (only borrowed capacity is
+      taken back, even if a whole gang must go);
+    * fair share: the victim's side ends strictly better off, relative to its fair share, than
+      the reclaimer's side was before, and keeps its deserved quota.
+
+    Neither allows the reverse move afterwards, and allocation ranks queues by the same measures
+    (within deserved first, then GPUs above fair share), so what a reclaim frees goes to the
+    reclaimer and capacity never ping-pongs. Victims already taken in the plan count against
+    their side. ``refused`` names the last side a victim was refused for."""
+
+    def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
+        self.ctx, self.reclaimer, self.amount = ctx, reclaimer, amount
+        self.sides: dict[str, tuple] = {}  # victim queue -> (side, its over, its held, its deserved,
+        #                                    reclaimer side's over, reclaimer side within deserved after)
+        self.gone: dict[str, float] = {}
+        self.refused = ""
+
+    def _side(self, queue: str) -> tuple:
+        hit = self.sides.get(queue)
+        if hit is None:
+            ctx = self.ctx
+            aq, ap = ctx.tree.split(self.reclaimer, queue)
+            held_q = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+            hit = self.sides[queue] = (
+                ap, ctx.over(ap), ctx.effective(ap)[0] + ctx.reserved[ap],
+                ctx.tree.queues[ap].deserved.get("gpu", 0.0), ctx.over(aq),
+                held_q <= ctx.tree.queues[aq].deserved.get("gpu", 0.0) + EPS)
+        return hit
+
+    def candidate_side(self, queue: str) -> bool:
+        """Could any workload of ``queue`` be a victim (before any is taken)?"""
+        _, over, held, deserved, _, guaranteed = self._side(queue)
+        return over > EPS or (guaranteed and held > deserved + EPS)
+
+    def reset(self) -> None:
+        self.gone.clear()
+
+    def allows(self, v: Workload) -> bool:
+        side, over, held, deserved, reclaimer_before, guaranteed = self._side(v.queue)
+        gone = self.gone.get(side, 0.0)
+        amt = self.ctx.amounts[v.id][0]
+        if guaranteed and held - gone > deserved + EPS:
+            return True  # guarantee: take borrowed capacity back
+        if over - gone - amt > reclaimer_before + EPS and held - gone - amt >= deserved - EPS:
+            return True  # fair share: rebalance over-quota capacity, never the victim's guarantee
+        self.refused = side
+        return False
+
+    def take(self, v: Workload) -> None:
+        side = self._side(v.queue)[0]
+        self.gone[side] = self.gone.get(side, 0.0) + self.ctx.amounts[v.id][0]
+
+
+class _Pool:
+    """Candidate victims grouped by queue, each group in its static victim order; ``pick``
+    returns the best head across queues with every queue's excess re-evaluated."""
+
+    def __init__(self, ctx: Cycle, victims: list[Workload]):
+        self.ctx = ctx
+        groups: dict[str, list[Workload]] = {}
+        for v in victims:
+            groups.setdefault(v.queue, []).append(v)
+        t = ctx.now_t
+        for lst in groups.values():
+            # victim_key with the queue's excess left out: constant within a queue
+            lst.sort(key=lambda v: victim_key(v, t, ctx.amounts[v.id][0]))
+        self.groups = groups
+        self.excess = {q: ctx.over(q) for q in groups}
+
+    def greedy(self, st: Statement, budget: Budget, done: Callable[[float], bool],
+               first: Workload | None = None, largest: bool = False) -> tuple[list[Workload], list[Workload]]:
+        """One greedy pass: (victims taken until ``done(freed)``, or [] if never; victims
+        refused). The victims stay removed from ``st``'s view; the caller rolls back."""
+        ctx = self.ctx
+        budget.reset()
+        chosen: list[Workload] = []
+        refused: list[Workload] = []
+        freed = 0.0
+        gone: dict[str, float] = {}
+        idx = {q: 0 for q in self.groups}
+        taken: set[str] = set()
+        order = None
+        if largest:
+            order = sorted((v for lst in self.groups.values() for v in lst),
+                           key=lambda v: (-ctx.amounts[v.id][0], ctx.victim_cost(v), v.id))
+        nxt = [first] if first is not None else []
+        while True:
+            if nxt:
+                v = nxt.pop()
+            elif order is not None:
+                v = next((x for x in order if x.id not in taken), None)
+            else:
+                v = self._pick(idx, gone, taken)
+            if v is None:
+                return [], refused
+            taken.add(v.id)
+            if not budget.allows(v):
+                refused.append(v)
+                continue
+            st.remove(v, v.placements)
+            budget.take(v)
+            amt = ctx.amounts[v.id][0]
+            gone[v.queue] = gone.get(v.queue, 0.0) + amt
+            freed += amt
+            chosen.append(v)
+            if done(freed):
+                return chosen, refused
+
+    def _pick(self, idx: dict[str, int], gone: dict[str, float], taken: set[str]) -> Workload | None:
+        ctx, t = self.ctx, self.ctx.now_t
+        best, best_key = None, None
+        for q, lst in self.groups.items():
+            i = idx[q]
+            while i < len(lst) and lst[i].id in taken:
+                i += 1
+            idx[q] = i
+            if i == len(lst):
+                continue
+            v = lst[i]
+            k = (ctx.victim_cost(v), -(self.excess[q] - gone.get(q, 0.0))) + victim_key(v, t, 0.0)[2:]
+            if best_key is None or k < best_key:
+                best, best_key = v, k
+        return best
+
+
+def _prune(ctx: Cycle, st: Statement, chosen: list[Workload], done: Callable[[float], bool]) -> list[Workload]:
+    """Drop victims the plan turned out not to need (latest first)."""
+    freed = sum(ctx.amounts[v.id][0] for v in chosen)
+    for v in list(reversed(chosen)):
+        mark = st.mark()
+        st.place(v, v.placements)
+        amt = ctx.amounts[v.id][0]
+        if done(freed - amt):
+            chosen = [x for x in chosen if x is not v]
+            freed -= amt
+        else:
+            st.rollback(mark)
+    return chosen
+
+
+def _cost(ctx: Cycle, chosen: list[Workload]) -> tuple:
+    return (round(sum(ctx.victim_cost(v) for v in chosen), 6), len(chosen),
+            -min(ctx.over(v.queue) for v in chosen))
+
+
+def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
+            fits: Callable[[], bool], need: float, need_freed: float) -> tuple[tuple, list[Workload]] | None:
+    """The best victim set among a few greedy attempts (module doc); nothing changes."""
+    pool = _Pool(ctx, victims)
+    free0 = 0.0
+
+    def done(freed: float) -> bool:
+        return freed + EPS >= need_freed and freed + free0 + EPS >= need and fits()
+
+    best: tuple[tuple, list[Workload]] | None = None
+    st = Statement(ctx, ctx.future)
+    attempts: list[tuple[Workload | None, bool]] = [(None, False)]
+    tried = 0
+    while attempts and tried < MAX_ATTEMPTS:
+        first, largest = attempts.pop(0)
+        tried += 1
+        chosen, refused = pool.greedy(st, budget, done, first, largest)
+        if chosen:
+            chosen = _prune(ctx, st, chosen, done)
+            cost = _cost(ctx, chosen)
+            if best is None or cost < best[0]:
+                best = (cost, chosen)
+        st.rollback()
+        if tried == 1 and refused:  # the first pass had to skip victims: try starting from them
+            attempts.extend((v, False) for v in refused[:MAX_ATTEMPTS - 2])
+            attempts.append((None, True))
+    return best
+
+
+def plan(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
+         need_freed: float = 0.0) -> tuple[list[Workload], np.ndarray | None] | None:
+    """Victims whose removal from the future view lets ``c`` fit, losing the least work, and the
+    node mask to place it with; None if there are none. ``need_freed``: GPUs the victims must
+    give back in all (priority preemption at a queue's limit). Nothing changes."""
+    if c.w.pods == 1:
+        return _plan_single(ctx, c, victims, budget, need_freed)
+    fut = ctx.future
+    free = float(fut.gpu_free[fut.schedulable].sum()) / 1000.0
+
+    def fits() -> bool:
+        return ctx.fits(c)
+
+    found = _search(ctx, c, victims, budget, fits, c.amount[0] - free, need_freed)
+    return None if found is None else (found[1], None)
+
+
+def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
+                 need_freed: float) -> tuple[list[Workload], np.ndarray] | None:
+    fut = ctx.future
+    on_node: dict[int, list[Workload]] = {}
+    room: dict[int, int] = {}  # milli the node's candidates hold there
+    for v in victims:
+        for n, milli in ctx.victim_nodes(v):
+            on_node.setdefault(n, []).append(v)
+            room[n] = room.get(n, 0) + milli
+    need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
+    best: tuple[tuple, list[Workload], int] | None = None
+    free = fut.gpu_free.sum(axis=1)
+    for n in sorted(on_node):
+        if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
+            continue
+        if int(free[n]) + room[n] < need:  # even evicting all of them is not enough
+            continue
+        found = _search(ctx, c, on_node[n], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)
+        if found is not None:
+            cost = found[0] + (fut.nodes[n].name,)
+            if best is None or cost < best[0]:
+                best = (cost, found[1], n)
+    if best is None:
+        return None
+    only = np.zeros(len(fut.nodes), dtype=bool)
+    only[best[2]] = True
+    return best[1], only
+
+
+def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload],
+              mask: np.ndarray | None) -> tuple[Statement, tuple[PodPlacement, ...]] | None:
+    """Start carrying out a plan on the future view: remove the victims and place ``c``. Returns
+    the open Statement (the caller evicts, claims, reserves and commits) and the placements."""
+    st = Statement(ctx, ctx.future)
+    for v in chosen:
+        st.remove(v, v.placements)
+    placements = ctx.place(c.restricted(mask), st)
+    if placements is None:  # cannot happen: the plan was probed
+        st.rollback()
+        return None
+    return st, placements

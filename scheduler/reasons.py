@@ -1,0 +1,129 @@
+"""Why a workload waits or was preempted: typed codes with their numbers, and the one function
+that turns them into the sentence people read.
+
+The core returns a ``Pending`` (a code, the queue, the position and the numbers behind the code)
+for every waiting workload; adapters read ``code`` (the API's ``reason_code``, the spawner, the
+tests) and show ``str(pending)`` to people. Nothing outside this module composes or parses these
+sentences.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .units import format_amount
+
+
+class Code(str, enum.Enum):
+    """Why a pending workload is not running (the API's ``reason_code``)."""
+
+    LIMIT = "limit"  # a queue on its path is at its limit
+    NON_PREEMPTIBLE = "non-preemptible-over-deserved"  # would take a non-preemptible workload over deserved
+    FAIR_SHARE = "fair-share"  # its queue is at its fair share: it waits for idle capacity
+    CAPACITY = "capacity"  # not enough free capacity in the cluster
+    FRAGMENTED = "fragmented"  # enough free in total, but not on one node in the shape requested
+    NO_MATCHING_NODE = "no-matching-node"  # node_selector matches no node
+    RESERVED = "reserved-for-reclaim"  # the capacity it could use is held for another workload's reclaim
+    MIN_RUNTIME = "min-runtime"  # the workloads that could make room are protected by min_runtime
+    RECLAIM_REFUSED = "reclaim-refused"  # taking the borrowed capacity would be unfair to its holder
+    RECLAIMING = "reclaiming"  # reclaiming from other queues; starts when the victims have checkpointed
+    PREEMPTING = "preempting"  # preempting lower-priority workloads of its own queue
+    CONSOLIDATING = "consolidating"  # moving workloads to open a node for it
+    RELEASING = "waiting-for-release"  # fits once preempted workloads have released their GPUs
+    NO_QUEUE = "no-queue"  # its queue does not exist (removed from the configuration)
+
+
+class Cause(str, enum.Enum):
+    """Why a running workload is being preempted (``Evict.cause``)."""
+
+    RECLAIM = "reclaim"
+    PRIORITY = "priority"
+    CONSOLIDATION = "consolidation"
+
+
+# Codes under which the workload has a plan in motion (victims are releasing for it).
+IN_MOTION = frozenset({Code.RECLAIMING, Code.PREEMPTING, Code.CONSOLIDATING, Code.RELEASING})
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Why one workload waits: ``code`` plus the numbers behind it (``detail``)."""
+
+    code: Code
+    queue: str
+    position: int = 1
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return describe(self)
+
+
+def _gpus(n: float) -> str:
+    return format_amount("gpu", n)
+
+
+def _what(d: dict) -> str:
+    """'2 GPUs (4 pods started together)' or '0.5 GPU'."""
+    pods = d.get("pods", 1)
+    return _gpus(d.get("need", 0.0)) + (f" ({pods} pods started together)" if pods > 1 else "")
+
+
+def _capacity(d: dict) -> str:
+    if d.get("need", 0.0) <= 0:
+        return "waiting for CPU or memory on a node"
+    off = d.get("unschedulable_nodes", 0)
+    aside = f" ({off} node{'s' if off != 1 else ''} with GPUs not schedulable)" if off else ""
+    return f"waiting for {_what(d)}: {d.get('free', 0.0):g} free in the cluster{aside}"
+
+
+def _sentence(p: Pending) -> str:
+    d, q = p.detail, p.queue
+    c = p.code
+    if c is Code.LIMIT:
+        return (f"waiting: queue {d['at']} at its limit {format_amount(d['resource'], d['limit'])} "
+                f"({format_amount(d['resource'], d['used'])} in use)")
+    if c is Code.NON_PREEMPTIBLE:
+        res = d["resource"]
+        return (f"waiting: {d['kind']} workloads run only within the deserved quota: {q} deserves "
+                f"{format_amount(res, d['deserved'])} and {format_amount(res, d['held'])} of it is held by "
+                f"non-preemptible workloads")
+    if c is Code.CAPACITY:
+        return _capacity(d)
+    if c is Code.FAIR_SHARE:
+        return (f"{_capacity(d)}; {q} holds {_gpus(d['held'])}, at its fair share of {_gpus(d['fair'])}, "
+                f"so it waits for idle GPUs instead of reclaiming")
+    if c is Code.FRAGMENTED:
+        return (f"waiting for {_what(d)}: {d.get('free', 0.0):g} GPUs are free but not on one node "
+                f"in the shape requested")
+    if c is Code.NO_MATCHING_NODE:
+        return f"no node matches node_selector {d['selector']}"
+    if c is Code.RESERVED:
+        return (f"{_capacity(d)}; {_gpus(d['reserved'])} of the free capacity is held for "
+                f"{d['holder']}, which is reclaiming its guaranteed share")
+    if c is Code.MIN_RUNTIME:
+        return (f"{_capacity(d)}; the workloads that could make room started less than "
+                f"{d['min_runtime']:g}s ago (min_runtime)")
+    if c is Code.RECLAIM_REFUSED:
+        return (f"{_capacity(d)}; not reclaiming: the borrowed GPUs that would make room belong to "
+                f"{d['holder']}, and taking them would leave it further below its fair share than {q} is")
+    if c is Code.RECLAIMING:
+        return (f"reclaiming {_gpus(d['need'])} from other queues; starts when the preempted workloads "
+                f"have checkpointed")
+    if c is Code.PREEMPTING:
+        return "preempting lower-priority workloads; starts when they have checkpointed"
+    if c is Code.CONSOLIDATING:
+        return f"consolidating: moving {d['moved']} workload(s) off node {d['node']} to fit it"
+    if c is Code.RELEASING:
+        return (f"waiting for preempted workloads to release {_gpus(d['need'])} (grace period up to "
+                f"{d['grace']:g}s)")
+    if c is Code.NO_QUEUE:
+        return f"queue {q!r} does not exist"
+    raise ValueError(f"unknown reason code {c!r}")
+
+
+def describe(p: Pending) -> str:
+    """The one sentence a person reads for ``p``."""
+    if p.code is Code.NO_QUEUE:
+        return f"waiting: {_sentence(p)}"
+    return f"queued in {p.queue}: position {p.position}, {_sentence(p)}"
