@@ -48,6 +48,30 @@ def build_snapshot(ex):
     return Snapshot(ex.get("now", 0), nodes, queues, workloads)
 
 
+def check(result, expect: dict) -> None:
+    if "binds" in expect:
+        assert sorted(b.workload for b in result.binds) == sorted(expect["binds"])
+    if "evictions" in expect:
+        assert {e.workload: e.cause for e in result.evictions} == expect["evictions"]
+    for wid, text in expect.get("pending_reason", {}).items():
+        assert text in str(result.pending[wid]), str(result.pending[wid])
+    for wid, code in expect.get("reason_code", {}).items():
+        assert result.pending[wid].code.value == code, str(result.pending[wid])
+    for b in result.binds:
+        assert b.reason
+
+
+def carry_out(snap: Snapshot, result) -> None:
+    """The adapter's part between two cycles: binds run, evictions start releasing."""
+    by = {w.id: w for w in snap.workloads}
+    for e in result.evictions:
+        by[e.workload].phase = Phase.RELEASING
+    for b in result.binds:
+        w = by[b.workload]
+        w.phase, w.placements, w.started_at = Phase.RUNNING, b.placements, snap.now
+    snap.reservations = result.reservations
+
+
 @pytest.mark.parametrize("ex", examples())
 def test_example(ex):
     if ex.get("kind", "fair_share") == "fair_share":
@@ -57,13 +81,19 @@ def test_example(ex):
             for res, v in want.items():
                 assert got[q][res] == pytest.approx(v, abs=1e-3), (q, res, got[q])
         return
-    result = Scheduler(SchedulerConfig()).schedule(build_snapshot(ex))
-    expect = ex["expect"]
-    if "binds" in expect:
-        assert sorted(b.workload for b in result.binds) == sorted(expect["binds"])
-    if "evictions" in expect:
-        assert {e.workload: e.cause for e in result.evictions} == expect["evictions"]
-    for wid, text in expect.get("pending_reason", {}).items():
-        assert text in str(result.pending[wid]), str(result.pending[wid])
-    for b in result.binds:
-        assert b.reason
+    sched = Scheduler(SchedulerConfig())
+    snap = build_snapshot(ex)
+    result = sched.schedule(snap)
+    check(result, ex["expect"])
+    qmap = {q.name: q for q in snap.queues}
+    for i, step in enumerate(ex.get("then", [])):  # later cycles: releases and arrivals
+        carry_out(snap, result)
+        by = {w.id: w for w in snap.workloads}
+        for name in step.get("released", []):
+            w = by[name]
+            w.phase, w.placements, w.started_at = Phase.PENDING, (), None
+        for j, e in enumerate(step.get("submit", [])):
+            snap.workloads.append(parse_workload(e, f"then[{i}].submit[{j}]", qmap))
+        snap.now = step["now"]
+        result = sched.schedule(snap)
+        check(result, step["expect"])
