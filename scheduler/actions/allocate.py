@@ -78,8 +78,9 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     """One allocate pass. With ``deferred``, workloads that would take their queue above its fair
     share are set aside there instead of tried.
 
-    A queue keeps its turn through consecutive failures (the order between queues only changes
-    when something binds), and a shape that failed to place is not tried again this cycle:
+    A queue keeps its turn through consecutive failures while its next workload ranks as the
+    failed one did (the order between queues only changes when something binds, or when the next
+    request would take its queue above deserved where the last did not), and a shape that failed to place is not tried again this cycle:
     capacity only shrinks during allocate."""
     key = queue_order(ctx)
     amounts = ctx.amounts
@@ -98,8 +99,14 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
         check_quota = ctx.limited[q]
         path = ctx.tree.path(q)
         bound = False
+        turn = amounts[lst[i].id][0]  # the amount this turn was ordered by
         while i < n and not bound:
             w = lst[i]
+            a = amounts[w.id][0]
+            if a != turn and heap:  # a different request may rank behind another queue's head
+                if key(q, a) > heap[0][0]:
+                    break
+                turn = a
             i += 1
             if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
                 template = dead_raw.get(raw_key(w))
