@@ -3,10 +3,11 @@
 Each case in tests/conformance/kai/ is one KAI table case (allocate, reclaim, preempt,
 consolidation and the integration tests), translated into a public scenario: KAI's running jobs
 are submitted at t=0, pinned to the node KAI had them on (label ``kai-node``), its pending jobs at
-t=1; cycle 1 s, grace 2 s, 20 s replayed through the real simulator. ``expect.yaml`` holds KAI's
+t=1 (a job KAI moves is not pinned; see README.md there); cycle 1 s, grace 2 s, 21 s replayed
+through the real simulator. ``expect.yaml`` holds KAI's
 expected outcome per job, in gpupool's words:
 
-* ``kept``: a running job starts at 0 and is never preempted;
+* ``kept``: a running job starts at once and is never preempted;
 * ``preempted``: a running job is evicted exactly once (KAI: Releasing, or back to Pending);
 * ``moved``: a running job runs again by the end, evicted at most once (KAI: Pipelined
   elsewhere; such a job is not pinned, and KAI's node is kept as ``kai_start_node``);
@@ -92,7 +93,7 @@ def mismatches(case: dict, expected: dict[str, str]) -> list[str]:
     got_by: dict[tuple, list[str]] = {}
     for name in cls:
         got_by.setdefault(cls[name], []).append(outcome(report, name, case["pending_at"]))
-    # no workload, with or without a KAI expectation, is preempted twice in 20 s (no thrash)
+    # no workload, with or without a KAI expectation, is preempted twice in 21 s (no thrash)
     out = [f"{w['name']}: preempted {w['preemptions']} times" for w in report["workloads"]
            if w["preemptions"] > 1 and w["name"] not in expected]
     # a job KAI moves is not pinned: gpupool must start it where KAI had it (kai-setup workloads
