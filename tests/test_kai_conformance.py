@@ -67,9 +67,8 @@ def outcome(report: dict, name: str, pending_at: float = 1) -> str:
 
 def matches(expected: str, actual: str) -> bool:
     """A KAI victim (Releasing) may come back in a later cycle when room is left over; a job KAI
-    moves (Pipelined elsewhere) keeps running, which gpupool may achieve without moving it (it is
-    not pinned, so gpupool may have packed it better at t=0); the reclaimer's or preemptor's
-    own expectation still decides whether room was made."""
+    moves (Pipelined elsewhere) must keep running, moved or not: gpupool may make the room by
+    moving another job; the pending job's own expectation still decides whether room was made."""
     return (actual == expected or (expected == "preempted" and actual == "moved")
             or (expected == "moved" and actual == "kept"))
 
