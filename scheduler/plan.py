@@ -215,9 +215,11 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
             if best is None or cost < best[0]:
                 best = (cost, chosen)
         st.rollback()
-        if tried == 1 and refused:  # the first pass had to skip victims: try starting from them
-            attempts.extend((v, False) for v in refused[:MAX_ATTEMPTS - 2])
-            attempts.append((None, True))
+        if tried == 1:
+            if refused:  # the first pass had to skip victims: try starting from them
+                attempts.extend((v, False) for v in refused[:MAX_ATTEMPTS - 2])
+            if refused or len(chosen) > 1:  # fewer, larger victims may lose no more work
+                attempts.append((None, True))
     return best
 
 
@@ -240,24 +242,39 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
 
 def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
                  need_freed: float) -> tuple[list[Workload], np.ndarray] | None:
+    """Plan node by node, examining nodes in order of a lower bound on their cost (the least work
+    the fewest victims that could free enough there could lose, that number of victims, the most
+    over-quota queue among them) and stopping when no node left can beat the best plan found."""
     fut = ctx.future
     on_node: dict[int, list[Workload]] = {}
-    room: dict[int, int] = {}  # milli the node's candidates hold there
     for v in victims:
-        for n, milli in ctx.victim_nodes(v):
+        for n, _ in ctx.victim_nodes(v):
             on_node.setdefault(n, []).append(v)
-            room[n] = room.get(n, 0) + milli
     need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
-    best: tuple[tuple, list[Workload], int] | None = None
     free = fut.gpu_free.sum(axis=1)
-    for n in sorted(on_node):
+    order = []
+    for n, vs in on_node.items():
         if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
             continue
-        if int(free[n]) + room[n] < need:  # even evicting all of them is not enough
+        short = need - int(free[n])
+        held = sorted((m for v in vs for node, m in ctx.victim_nodes(v) if node == n), reverse=True)
+        if sum(held) < short:  # even evicting all of them is not enough
             continue
+        k, got = 0, 0
+        while got < short or k == 0:
+            got += held[k]
+            k += 1
+        lost = sum(sorted(ctx.victim_cost(v) for v in vs)[:k])
+        excess = max(ctx.over(v.queue) for v in vs)
+        order.append(((round(lost, 6), k, -excess), fut.nodes[n].name, n))
+    order.sort()
+    best: tuple[tuple, list[Workload], int] | None = None
+    for bound, name, n in order:
+        if best is not None and bound >= best[0][:3]:
+            break  # no node left can beat the best plan
         found = _search(ctx, c, on_node[n], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)
         if found is not None:
-            cost = found[0] + (fut.nodes[n].name,)
+            cost = found[0] + (name,)
             if best is None or cost < best[0]:
                 best = (cost, found[1], n)
     if best is None:
