@@ -60,7 +60,7 @@ class Pending:
 
 
 def _gpus(n: float) -> str:
-    return format_amount("gpu", n)
+    return format_amount("gpu", round(n, 2))
 
 
 def _what(d: dict) -> str:
@@ -91,8 +91,9 @@ def _sentence(p: Pending) -> str:
     if c is Code.CAPACITY:
         return _capacity(d)
     if c is Code.FAIR_SHARE:
-        return (f"{_capacity(d)}; {q} holds {_gpus(d['held'])}, at its fair share of {_gpus(d['fair'])}, "
-                f"so it waits for idle GPUs instead of reclaiming")
+        shrunk = " (the deserved quotas add up to more than the cluster has)" if d.get("overcommitted") else ""
+        return (f"{_capacity(d)}; {q} holds {_gpus(d['held'])} and this would take it above its fair share "
+                f"of {_gpus(d['fair'])}{shrunk}, so it waits for idle GPUs instead of reclaiming")
     if c is Code.FRAGMENTED:
         return (f"waiting for {_what(d)}: {d.get('free', 0.0):g} GPUs are free but not on one node "
                 f"in the shape requested")
@@ -113,7 +114,7 @@ def _sentence(p: Pending) -> str:
     if c is Code.PREEMPTING:
         return "preempting lower-priority workloads; starts when they have checkpointed"
     if c is Code.CONSOLIDATING:
-        return f"consolidating: moving {d['moved']} workload(s) off node {d['node']} to fit it"
+        return f"consolidating: moving {d['moved']} workload(s) to make room for it on {d['node']}"
     if c is Code.RELEASING:
         return (f"waiting for preempted workloads to release {_gpus(d['need'])} (grace period up to "
                 f"{d['grace']:g}s)")

@@ -1,31 +1,47 @@
-"""consolidate: a pending single-pod workload that fits the free GPUs but not on any one node (or
-any one GPU): move preemptible workloads (checkpoint, restart elsewhere, possibly on another GPU of
-the same node) to open room for it. The moved workloads and the workload they make room for hold
-their planned places until they bind, so the move happens once.
+"""consolidate: a pending workload that fits the free GPUs in total but not in its shape (no one
+node, or no one GPU, has room for a pod): move preemptible single-pod workloads (checkpoint,
+restart elsewhere, possibly on another GPU of the same node) to open room for it.
+
+A borrower (a workload that would take its queue above its fair share) is consolidated for only
+when no entitled workload waits for capacity this cycle: otherwise the room would go to a loan
+that the reclaim for the entitled one recalls at once. The moved workloads and the workload they make room
+for hold their planned places until they bind (reservations), so the move happens once.
+
+A single-pod workload is planned node by node: on each node the fewest movers, losing the least
+work, whose departure lets it fit there (two greedy orders, cheapest and largest first, each
+pruned); the best node wins. A gang, only when it is entitled, is planned over the whole
+cluster the same way.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..cycle import Candidate, Cycle, Statement
+from ..cycle import Candidate, Cycle, Statement, fits_on
 from ..fairshare import EPS
 from ..model import MILLI, Evict, PodPlacement, Workload
 from ..reasons import Cause, Code
 from . import entitled, pipeline
 
+MAX_GANG_MOVERS = 64  # movers considered for one gang (the least costly, on the emptiest nodes)
+
 
 def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     left: list[Candidate] = []
-    on_node: dict[str, list[Workload]] = {}
-    for w in ctx.preemptible_running():
-        if w.pods == 1 and w.placements:
-            on_node.setdefault(w.placements[0].node, []).append(w)
+    movers: list[Workload] = [w for w in ctx.preemptible_running() if w.pods == 1 and w.placements]
+    on_node: dict[int, list[Workload]] = {}
+    for w in movers:
+        n = ctx.future.index.get(w.placements[0].node)
+        if n is not None:
+            on_node.setdefault(n, []).append(w)
     tried: set[tuple] = set()
+    owed = {id(c) for c in failed if c.code in (Code.FRAGMENTED, Code.CAPACITY) and c.amount[0] > 0
+            and entitled(ctx, c)}
     for c in failed:
-        if c.code != Code.FRAGMENTED or c.w.pods != 1 or c.req.num_gpus == 0:
+        if (c.code != Code.FRAGMENTED or c.req.num_gpus == 0 or (owed and id(c) not in owed)
+                or (c.w.pods > 1 and id(c) not in owed)):  # a borrowing gang waits for room in its shape
             left.append(c)
             continue
-        if pipeline(ctx, c, hold=entitled(ctx, c)):
+        if pipeline(ctx, c, hold=id(c) in owed):
             continue
         key = (c.shape, ctx.future_version)
         if key in tried or not _consolidate_one(ctx, c, on_node):
@@ -34,71 +50,96 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     return left
 
 
-def _fits_back(ctx: Cycle, v: Workload) -> bool:
-    """Does ``v``'s current placement still fit the future view (it need not move)?"""
-    fut = ctx.future
-    cpu = int(round(v.cpu * MILLI))
-    for p in v.placements:
-        n = fut.index.get(p.node)
-        if n is None or fut.cpu_free[n] < cpu or fut.mem_free[n] < v.memory:
-            return False
-        if any(fut.gpu_free[n, g] < p.milli for g in p.gpus):
-            return False
-    return True
+def _cost(ctx: Cycle, chosen: list[Workload]) -> tuple:
+    return (round(sum(ctx.victim_cost(v) for v in chosen), 6), len(chosen))
 
 
-def _consolidate_one(ctx: Cycle, c: Candidate, on_node: dict[str, list[Workload]]) -> bool:
+def _fewest(ctx: Cycle, st: Statement, cands: list[Workload], fits) -> list[Workload] | None:
+    """The fewest movers, losing the least work, whose removal from ``st``'s view makes ``fits()``
+    true (two greedy orders, each pruned). Nothing changes."""
+    best = None
+    cheapest = sorted(cands, key=lambda v: (ctx.victim_cost(v), v.priority, v.id))
+    largest = sorted(cands, key=lambda v: (-ctx.amounts[v.id][0], ctx.victim_cost(v), v.id))
+    for order in (cheapest, largest):
+        mark = st.mark()
+        chosen: list[Workload] = []
+        for v in order:
+            st.remove(v, v.placements)
+            chosen.append(v)
+            if fits():
+                break
+        else:
+            st.rollback(mark)
+            continue
+        for v in list(reversed(chosen)):  # prune: a mover the plan does not need stays
+            m = st.mark()
+            st.place(v, v.placements)
+            if fits():
+                chosen.remove(v)
+            else:
+                st.rollback(m)
+        st.rollback(mark)
+        if best is None or _cost(ctx, chosen) < _cost(ctx, best):
+            best = chosen
+    return best
+
+
+def _consolidate_one(ctx: Cycle, c: Candidate, on_node: dict[int, list[Workload]]) -> bool:
     fut = ctx.future
+    st = Statement(ctx, fut)
+    if c.w.pods > 1:
+        pool = [v for n, vs in on_node.items() if fut.schedulable[n] for v in vs if v.id not in ctx.evicted]
+        pool.sort(key=lambda v: (-int(fut.gpu_free[fut.index[v.placements[0].node]].sum()), ctx.victim_cost(v), v.id))
+        chosen = _fewest(ctx, st, pool[:MAX_GANG_MOVERS], lambda: ctx.fits(c))
+        return chosen is not None and _carry_out(ctx, st, c, chosen, None, "the cluster")
     need = c.amount[0]
-    nodes = []
-    for name, movers in on_node.items():
-        n = fut.index[name]
+    plans = []
+    for n, movers in on_node.items():
         if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
             continue
         movers = [v for v in movers if v.id not in ctx.evicted]
         room = fut.gpu_free[n].sum() / MILLI + sum(ctx.amounts[v.id][0] for v in movers)
-        if movers and room + EPS >= need:
-            nodes.append((-float(fut.gpu_free[n].sum()), name, n, movers))
-    for _, name, n, movers in sorted(nodes):
+        if not movers or room + EPS < need:
+            continue
+        chosen = _fewest(ctx, st, movers, lambda n=n: fits_on(fut, n, c.req))
+        if chosen:
+            plans.append((_cost(ctx, chosen), fut.nodes[n].name, n, chosen))
+    for _, name, n, chosen in sorted(plans, key=lambda p: p[:2]):
         only_n = np.zeros(len(fut.nodes), dtype=bool)
         only_n[n] = True
-        st = Statement(ctx, fut)
-        chosen: list[Workload] = []
-        placed = None
-        for v in sorted(movers, key=lambda v: (ctx.victim_cost(v), v.priority, v.id)):
-            st.remove(v, v.placements)
-            chosen.append(v)
-            placed = ctx.place(c.restricted(only_n), st)
-            if placed is not None:
-                break
-            placed = None
-        if placed is None:
-            st.rollback()
-            continue
-        for v in list(reversed(chosen)):  # a workload whose place is still free need not move
-            if _fits_back(ctx, v):
-                st.place(v, v.placements)
-                chosen.remove(v)
-        moves: list[tuple[Workload, tuple[PodPlacement, ...]]] = []
-        for v in chosen:  # every moved workload must fit somewhere (another GPU of n included)
+        if _carry_out(ctx, st, c, chosen, only_n, f"node {name}"):
+            return True
+    return False
+
+
+def _carry_out(ctx: Cycle, st: Statement, c: Candidate, chosen: list[Workload], mask: np.ndarray | None,
+               where: str) -> bool:
+    """Move ``chosen`` so that ``c`` fits (within ``mask``); every mover must fit somewhere
+    (another GPU of the same node included). Commits and returns True, or changes nothing."""
+    for v in chosen:
+        st.remove(v, v.placements)
+    placed = ctx.place(c.restricted(mask), st)
+    moves: list[tuple[Workload, tuple[PodPlacement, ...]]] = []
+    if placed is not None:
+        for v in chosen:
             dest = ctx.place(ctx.candidate(v), st)
             if dest is None:
                 break
             moves.append((v, dest))
-        if not moves or len(moves) < len(chosen):
-            st.rollback()
-            continue
-        st.claim(c.w, need)
-        for v, dest in moves:
-            st.claim(v, ctx.amounts[v.id][0])
-            st.evict(v, Evict(v.id, Cause.CONSOLIDATION.value, (
-                f"preempted: moved to make room for {c.w.id} ({need:g} GPUs on one node); restarts from "
-                f"its checkpoint"), c.w.id))
-            st.reserve(ctx.reservation_for(ctx.candidate(v), dest, Code.RELEASING, need=ctx.amounts[v.id][0],
-                                           grace=ctx.cfg.preemption_grace))
-        detail = {"moved": len(moves), "node": name}
-        st.reserve(ctx.reservation_for(c, placed, Code.CONSOLIDATING, **detail))
-        st.commit()
-        ctx.wait(c, Code.CONSOLIDATING, detail)
-        return True
-    return False
+    if placed is None or not moves or len(moves) < len(chosen):
+        st.rollback()
+        return False
+    need = c.amount[0]
+    st.claim(c.w, need)
+    for v, dest in moves:
+        st.claim(v, ctx.amounts[v.id][0])
+        st.evict(v, Evict(v.id, Cause.CONSOLIDATION.value, (
+            f"preempted: moved to make room for {c.w.id} ({need:g} GPUs in its shape); restarts from "
+            f"its checkpoint"), c.w.id))
+        st.reserve(ctx.reservation_for(ctx.candidate(v), dest, Code.RELEASING, need=ctx.amounts[v.id][0],
+                                       grace=ctx.cfg.preemption_grace))
+    detail = {"moved": len(moves), "node": where}
+    st.reserve(ctx.reservation_for(c, placed, Code.CONSOLIDATING, **detail))
+    st.commit()
+    ctx.wait(c, Code.CONSOLIDATING, detail)
+    return True

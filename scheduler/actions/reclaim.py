@@ -32,16 +32,16 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             todo.extend(lst)
             continue
         left.extend(lst)  # at or above its fair share: nothing to reclaim for this queue
-        held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
-        for c in lst if held > EPS or fair > EPS else ():
-            if c.code == Code.CAPACITY and c.amount[0] > 0:
-                ctx.wait(c, Code.FAIR_SHARE, {**c.detail, "held": held, "fair": fair})
+        for c in lst:
+            _above_share(ctx, c)
     for c in todo:
         w = c.w
         room = headroom[w.queue]
         amt = c.amount[0]
         if c.quota_bound or amt <= 0 or amt > room + EPS:
             left.append(c)  # quota-bound, or the reclaimer would end above its fair share
+            if amt > room + EPS:
+                _above_share(ctx, c)
             continue
         if pipeline(ctx, c):
             headroom[w.queue] = room - amt
@@ -82,6 +82,16 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         headroom[w.queue] = room - amt
         ctx.wait(c, Code.RECLAIMING, {"need": amt})
     return left
+
+
+def _above_share(ctx: Cycle, c: Candidate) -> None:
+    """Say that ``c`` waits for idle capacity because reclaiming would take its queue above its
+    fair share (for a plain capacity shortage; other reasons stay)."""
+    q = c.w.queue
+    held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
+    if c.code == Code.CAPACITY and c.amount[0] > 0 and (held > EPS or fair > EPS):
+        ctx.wait(c, Code.FAIR_SHARE, {**c.detail, "held": held, "fair": fair,
+                                      "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)})
 
 
 def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, cands: list[Workload],
