@@ -104,6 +104,7 @@ class SchedulerLoop:
         self._last_cycle_seconds = 0.0
         self._pending_cache: dict[int, SWorkload] = {}
         self._reservations: list = []  # the scheduler's last reservations, for the next snapshot
+        self._said: dict[str, tuple[Pending, str]] = {}  # last reason per queued workload, as words
         # a backend that watches the cluster (Kubernetes) gives the node list every cycle
         self._live_nodes = callable(getattr(backend, "nodes", None))
         self.node_reasons: dict[str, str] = {}  # node -> why it is not schedulable (live inventory)
@@ -604,13 +605,19 @@ class SchedulerLoop:
 
     def _explain(self, s: Any, snap: Snapshot, result: CycleResult, by_id: dict[str, D.Workload]) -> None:
         st = self.state
-        st.pending, st.positions = result.pending, result.positions
+        st.positions = result.positions
         changes = []
         bound = {b.workload for b in result.binds}
+        st.pending = result.pending
+        said, self._said = self._said, {}
         for wid, why in result.pending.items():
             row = by_id.get(wid)
-            reason = str(why)
-            if row is not None and reason != row.reason and wid not in bound:
+            if row is None or wid in bound:
+                continue
+            hit = said.get(wid)  # the sentence is made only when the reason changed
+            reason = hit[1] if hit is not None and hit[0] == why else str(why)
+            self._said[wid] = (why, reason)
+            if reason != row.reason:
                 changes.append({"id": row.id, "reason": reason})
         for wid, why in result.dropped.items():
             log.info("%s: its reservation was dropped (%s); planning it afresh", wid, why)

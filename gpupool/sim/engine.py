@@ -30,7 +30,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, SchedulerConfig, Snapshot, Workload
 
@@ -62,8 +62,7 @@ class SimWorkload:
     preemptions: int = 0
     lost_seconds: float = 0.0
     placements_log: list[dict] = field(default_factory=list)
-    pending_reason: str | None = None
-    pending_code: str | None = None
+    pending: Any = None  # the scheduler's reasons.Pending (the report renders it)
     position: int | None = None
 
     def __post_init__(self) -> None:
@@ -200,6 +199,7 @@ class Engine:
         self.max_cycles = max_cycles  # a safety valve against a scheduler that never settles
         self.sims = [SimWorkload(e, i) for i, e in enumerate(fresh_workloads(scenario))]
         self.reservations: list = []  # the last cycle's, for the next snapshot
+        self._never: dict[tuple, str | None] = {}
         self.by_name = {s.name: s for s in self.sims}
         self.node_names = {n.name: n for n in scenario.nodes}
         self.now = 0.0
@@ -260,7 +260,12 @@ class Engine:
         t, _, _, kind, idx, _ = item
         sw = self.sims[idx]
         if kind == "submit":
-            why = never_runs(sw.w, self.scenario)
+            w = sw.w
+            key = (w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, w.preemptible, w.queue,
+                   tuple(sorted(w.node_selector.items())))
+            why = self._never.get(key, ())  # decided from the specs alone: the same request, the same answer
+            if why == ():
+                why = self._never[key] = never_runs(w, self.scenario)
             if why:
                 sw.state, sw.rejected = "rejected", why
                 sw.finished_at = None
@@ -328,7 +333,7 @@ class Engine:
         sw.run_start = t
         sw.gpu_share = share
         sw.version += 1
-        sw.pending_reason = sw.pending_code = None
+        sw.pending = None
         if not resumed:
             sw.first_start = t
         for p in b.placements:
@@ -393,9 +398,7 @@ class Engine:
         self.reservations = result.reservations  # handed back unchanged next cycle
         for sw in self._active.values():
             if sw.state == "pending":
-                why = result.pending.get(sw.name)
-                if why is not None:
-                    sw.pending_reason, sw.pending_code = str(why), why.code.value
+                sw.pending = result.pending.get(sw.name, sw.pending)
                 sw.position = result.positions.get(sw.name, sw.position)
         self._accumulate_fair(t)
         self._fair_now = {q: float(result.fair_share.get(q, {}).get("gpu", 0.0)) for q in self._fair_now}

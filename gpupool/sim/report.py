@@ -89,8 +89,8 @@ def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float 
         elif s.finished_at is None:
             item["state"] = s.state
             if s.state == "pending":
-                item["pending_reason"] = s.pending_reason
-                item["pending_code"] = s.pending_code
+                item["pending_reason"] = None if s.pending is None else str(s.pending)
+                item["pending_code"] = None if s.pending is None else s.pending.code.value
                 if s.position is not None:
                     item["position"] = s.position
         workloads.append(item)
