@@ -3,7 +3,9 @@
 Modelled on KAI-Scheduler: each cycle builds a working context from the snapshot (``cycle.Cycle``:
 capacity views, queue accounting, the reservations carried from the last cycle) and runs named
 actions in order, one module each under ``actions/`` (allocate, consolidate, reclaim, preempt).
-An action makes tentative moves through a ``Statement``; the moves, accounting included, commit
+An action makes tentative moves through a ``Statement``, records a waiting reason on the
+candidates it leaves waiting (``code``, ``detail``), and calls ``ctx.wait`` for those it takes
+out of the list (a plan in motion); the moves, accounting included, commit
 or roll back as a unit, so a gang never half-starts and a reclaim that cannot make room evicts
 nobody. Policies are small separate pieces: ``fairshare`` (the division), ``placement``
 (node/GPU scoring), ``victims`` (who loses least) and the budgets of ``plan`` (who may go).
@@ -57,6 +59,8 @@ class Scheduler:
                 t2 = clock()
                 ctx.result.actions_ms[name] = (t2 - t1) * 1e3
                 t1 = t2
+        for c in failed:  # still waiting after every action: the reason the last one gave
+            ctx.wait(c, c.code, c.detail)
         for w in snapshot.workloads:
             if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:
                 ctx.result.pending[w.id] = Pending(Code.NO_QUEUE, w.queue)

@@ -40,8 +40,6 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
     deferred: dict[str, list[Workload]] = {}
     _allocate_pass(ctx, queues, failed, deferred)
     _allocate_pass(ctx, deferred, failed, None)
-    for c in failed:
-        ctx.wait(c, c.code, c.detail)
     return failed
 
 
@@ -73,6 +71,19 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx.bind(c, placed)
 
 
+def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float, float]:
+    """The interval (lo, hi] of amounts that rank a queue as ``amount`` does: the queue order
+    changes with the amount only where it crosses deserved - held at some level of ``path``."""
+    lo, hi = float("-inf"), float("inf")
+    for x in path:
+        r = ctx.tree.queues[x].deserved.get("gpu", 0.0) + EPS - ctx.effective(x)[0] - ctx.reserved[x]
+        if amount > r:
+            lo = max(lo, r)
+        else:
+            hi = min(hi, r)
+    return lo, hi
+
+
 def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[Candidate],
                    deferred: dict[str, list[Workload]] | None) -> None:
     """One allocate pass. With ``deferred``, workloads that would take their queue above its fair
@@ -99,14 +110,14 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
         check_quota = ctx.limited[q]
         path = ctx.tree.path(q)
         bound = False
-        turn = amounts[lst[i].id][0]  # the amount this turn was ordered by
+        lo, hi = _same_rank(ctx, path, amounts[lst[i].id][0])  # the amounts that rank as this turn did
         while i < n and not bound:
             w = lst[i]
             a = amounts[w.id][0]
-            if a != turn and heap:  # a different request may rank behind another queue's head
-                if key(q, a) > heap[0][0]:
+            if not lo < a <= hi and heap:
+                if key(q, a) > heap[0][0]:  # it now ranks behind another queue's head
                     break
-                turn = a
+                lo, hi = _same_rank(ctx, path, a)
             i += 1
             if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
                 template = dead_raw.get(raw_key(w))

@@ -34,8 +34,19 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         if n is not None:
             on_node.setdefault(n, []).append(w)
     tried: set[tuple] = set()
+    if not any(c.code == Code.FRAGMENTED for c in failed):
+        return failed
+    verdicts: dict[tuple, bool] = {}  # (queue, amount) -> entitled
+
+    def is_owed(c: Candidate) -> bool:
+        k = (c.w.queue, c.amount[0])
+        hit = verdicts.get(k)
+        if hit is None:
+            hit = verdicts[k] = entitled(ctx, c)
+        return hit
+
     owed = {id(c) for c in failed if c.code in (Code.FRAGMENTED, Code.CAPACITY) and c.amount[0] > 0
-            and entitled(ctx, c)}
+            and is_owed(c)}
     for c in failed:
         if (c.code != Code.FRAGMENTED or c.req.num_gpus == 0 or (owed and id(c) not in owed)
                 or (c.w.pods > 1 and id(c) not in owed)):  # a borrowing gang waits for room in its shape

@@ -32,8 +32,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             todo.extend(lst)
             continue
         left.extend(lst)  # at or above its fair share: nothing to reclaim for this queue
-        for c in lst:
-            _above_share(ctx, c)
+        _above_share(ctx, q, lst)
     for c in todo:
         w = c.w
         room = headroom[w.queue]
@@ -41,7 +40,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         if c.quota_bound or amt <= 0 or amt > room + EPS:
             left.append(c)  # quota-bound, or the reclaimer would end above its fair share
             if amt > room + EPS:
-                _above_share(ctx, c)
+                _above_share(ctx, w.queue, [c])
             continue
         if pipeline(ctx, c):
             headroom[w.queue] = room - amt
@@ -49,7 +48,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         key = (c.shape, w.queue)
         if key in tried:
             if tried[key]:
-                ctx.wait(c, *tried[key])
+                c.code, c.detail = tried[key]
             left.append(c)
             continue
         budget = ReclaimBudget(ctx, w.queue, amt)
@@ -60,7 +59,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             why = _why_not(ctx, c, budget, cands, protected)
             tried[key] = why
             if why:
-                ctx.wait(c, *why)
+                c.code, c.detail = why
             left.append(c)
             continue
         victims = found[0]
@@ -84,14 +83,16 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     return left
 
 
-def _above_share(ctx: Cycle, c: Candidate) -> None:
-    """Say that ``c`` waits for idle capacity because reclaiming would take its queue above its
-    fair share (for a plain capacity shortage; other reasons stay)."""
-    q = c.w.queue
+def _above_share(ctx: Cycle, q: str, cands: list[Candidate]) -> None:
+    """Say that these candidates of ``q`` wait for idle capacity because reclaiming would take
+    their queue above its fair share (for a plain capacity shortage; other reasons stay)."""
     held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
-    if c.code == Code.CAPACITY and c.amount[0] > 0 and (held > EPS or fair > EPS):
-        ctx.wait(c, Code.FAIR_SHARE, {**c.detail, "held": held, "fair": fair,
-                                      "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)})
+    if held <= EPS and fair <= EPS:
+        return
+    extra = {"held": held, "fair": fair, "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)}
+    for c in cands:
+        if c.code == Code.CAPACITY and c.amount[0] > 0:
+            c.code, c.detail = Code.FAIR_SHARE, {**c.detail, **extra}
 
 
 def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, cands: list[Workload],
