@@ -251,3 +251,57 @@ def test_torch_ddp_gang_is_preempted_as_a_unit_and_every_rank_resumes(hub):
     weights = [re.search(r"finished 16 steps; weights (\S+)", log).group(1) for log in logs]
     assert weights[0] == weights[1]  # DDP kept the replicas identical through the resume
     assert final["checkpoint"]["latest"].endswith("ckpt-000016.pkl")
+
+
+RANK_NB = notebook("import os, gpupool\nrank = int(os.environ['RANK'])\nprint('notebook rank', rank, 'of', os.environ['WORLD_SIZE'])\n"
+                   "if rank == 0:\n    gpupool.log_metric('score', 10 - (x - 3) ** 2, step=0)",
+                   parameters="x = 0.0")
+
+
+def test_python_client_notebook_workers_job_view_and_sweep_trials_with_workers(hub, tmp_path):
+    """From a notebook cell: gpupool.submit(script, args=, pods=), a notebook run by papermill in
+    every rank (an output notebook per rank), the job view with its workers and their logs, and a
+    sweep whose trials have two workers each."""
+    import nbformat
+
+    import gpupool
+    from gpupool.client.api import Client
+    from gpupool.widgets import render
+
+    alice = Client(hub.hub_url, hub.token("alice"))
+    job = gpupool.submit("worker.py", args=["ok", "0"], pods=2, gpus=1, client=alice)
+    assert job.data["pods"] == 2 and job.data["args"] == ["ok", "0"]
+    job.wait(timeout=90, progress=False)
+    assert job.status == "succeeded" and '"RANK": "1"' in job.logs(rank=1) and '"RANK": "0"' in job.logs()
+    cmd = gpupool.submit(["python", "worker.py", "ok", "0"], pods=2, gpus=0.5, client=alice).wait(90, progress=False)
+    assert cmd.status == "succeeded" and cmd.data["command"][:2] == ["python", "worker.py"]
+    with pytest.raises(gpupool.BadRequest) as e:
+        gpupool.submit("worker.py", pods=3, gpus=1, client=alice)
+    assert e.value.field == "pods"
+
+    nbformat.write(nbformat.from_dict(RANK_NB), str(hub.home("alice") / "rank.ipynb"))
+    nb = gpupool.submit("rank.ipynb", pods=2, gpus=0.5, client=alice, parameters={"x": 2.0})
+    running = hub.wait_job(hub.token("alice"), nb.id, {"running", "succeeded"}, 60)
+    html = render.job_html(running, "rank 0 says hi", {1: "rank 1 says hi"})
+    assert "2 workers" in html and "log (rank 1)" in html and "rank 1 says hi" in html
+    view = gpupool.JobView(nb, autorefresh=False, client=alice)
+    try:
+        nb.wait(timeout=90, progress=False)
+        data = view.fetch()
+        assert "notebook rank 1 of 2" in data["rank_logs"][1] and "notebook rank 0 of 2" in data["log"]
+        assert "log (rank 1)" in view.render(data)
+    finally:
+        view.close()
+    assert nb.status == "succeeded", nb.reason
+    out1 = nbformat.reads(alice.request("GET", f"jobs/{nb.id}/output", params={"rank": 1}, raw=True).text, 4)
+    assert "notebook rank 1 of 2" in json.dumps(out1.cells[-1].outputs)
+    assert "notebook rank 0 of 2" in json.dumps(nb.output().cells[-1].outputs)
+
+    s = gpupool.sweep("rank.ipynb", space={"x": [2.0, 3.0]}, objective="score", trials=2, parallel=2, gpus=0.5,
+                      pods=2, sampler="grid", pruner=None, name="gang-sweep", storage=tmp_path / "s.db", poll=0.5,
+                      client=alice)
+    s.wait(timeout=180, progress=False)
+    assert s.status == "finished", s.error
+    trials = alice.jobs(sweep="gang-sweep")
+    assert len(trials) == 2 and all(t["pods"] == 2 and t["status"] == "succeeded" for t in trials)
+    assert s.best.params == {"x": 3.0} and s.best.value == pytest.approx(10.0)

@@ -311,7 +311,7 @@ def cmd_sweep(args) -> int:
     s = Sweep(args.notebook, space, args.objective, direction=args.direction, trials=args.trials,
               parallel=args.parallel, gpus=args.gpus, gpu_memory=args.gpu_memory, queue=args.queue,
               sampler=args.sampler, pruner=pruner, name=args.name, storage=args.storage,
-              parameters=parse_params(args.param), seed=args.seed, poll=args.poll, client=c)
+              parameters=parse_params(args.param), seed=args.seed, poll=args.poll, client=c, pods=args.pods)
     log = sys.stderr if args.json else sys.stdout
     print(f"sweep {s.name}: {'resumed' if s.resumed else 'started'} ({s.trials_total} trials, {s.parallel} at a time; "
           f"state in {s.storage})", file=log)
@@ -466,7 +466,9 @@ def register(subparsers) -> None:
     p.add_argument("--direction", choices=("maximize", "minimize"), default="maximize")
     p.add_argument("--trials", type=int, default=20, help="number of trials (default 20)")
     p.add_argument("--parallel", type=int, default=4, help="trials running at a time (default 4)")
-    p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs per trial")
+    p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs per trial (per worker with --pods)")
+    p.add_argument("--pods", "--workers", type=int, dest="pods", metavar="N",
+                   help="every trial is a distributed job of N workers")
     p.add_argument("--gpu-memory", help="GPU memory per trial instead of --gpus")
     p.add_argument("-q", "--queue", help="queue")
     p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="fixed papermill parameter")
