@@ -113,12 +113,19 @@ def worker_file(path: str, rank: int) -> str:
 PYTHON_NAMES = ("python", "python3")
 
 
-def program_argv(spec: JobSpec, python: str, notebook_cmd: list[str]) -> list[str]:
-    """What a worker runs: ``notebook_cmd`` (papermill) for a notebook job, else the job's
-    command with a leading ``python``/``python3`` replaced by ``python`` (the job interpreter)."""
-    if spec.command is None:
+def worker_run_id(run_id: str, rank: int) -> str:
+    """The run id of worker ``rank`` (it tags the worker's processes or pod; each worker's runner
+    cleans up only its own): the run's id for rank 0, ``<run id>.r<rank>`` for the others."""
+    return run_id if not rank else f"{run_id}.r{int(rank)}"
+
+
+def program_argv(command: list[str] | None, python: str, notebook_cmd: list[str]) -> list[str]:
+    """What a worker runs: ``notebook_cmd`` (papermill) for a notebook job (``command`` None),
+    else the command with a leading ``python``/``python3`` replaced by ``python`` (the job
+    interpreter)."""
+    if command is None:
         return notebook_cmd
-    argv = list(spec.command)
+    argv = list(command)
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = python
     return argv

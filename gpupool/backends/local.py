@@ -22,7 +22,8 @@ import sys
 import time
 from typing import Any
 
-from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, program_argv, worker_file
+from .base import (EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, program_argv, worker_file,
+                   worker_run_id)
 
 RUN_ENV = "GPUPOOL_RUN_ID"
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
@@ -191,7 +192,7 @@ class LocalBackend(JobBackend):
                spec.workdir, "--log-output", "--no-progress-bar"]
         if spec.kernel_name:
             cmd += ["-k", spec.kernel_name]
-        cmd = program_argv(spec, python, cmd)
+        cmd = program_argv(spec.command, python, cmd)
         run_id = worker_run_id(spec.run_id, rank)
         exit_file = worker_file(os.path.join(run_dir, "exit.json"), rank)
         runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file,
@@ -297,12 +298,6 @@ class LocalBackend(JobBackend):
 
     async def close(self) -> None:
         self._procs.clear()  # runs keep going; a restarted service adopts them
-
-
-def worker_run_id(run_id: str, rank: int) -> str:
-    """The run id that tags worker ``rank``'s processes (each worker's runner cleans up only its
-    own): the run's id for rank 0, ``<run id>.r<rank>`` for the others."""
-    return run_id if not rank else f"{run_id}.r{int(rank)}"
 
 
 def _workers(handle: dict) -> list[dict]:
