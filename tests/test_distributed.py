@@ -195,6 +195,7 @@ def test_cli_submits_workers_and_reads_per_rank_logs(hub):
     res = run("logs", job["id"], "--rank", "1")
     assert res.returncode == 0 and '"RANK": "1"' in res.stdout
     res = run("describe", job["id"])
+    assert re.search(rf"{job['id']}\s+worker\s.*succeeded\s+2x1\s", run("list", "--all").stdout)
     assert job["name"] == "worker" and f"rank 1: (not running)  (gpupool logs {job['id']} --rank 1)" in res.stdout
     res = run("submit", "--pods", "2", "worker.py", "ok", "0", "--gpus", "1")  # after the script: its own args
     assert res.returncode == 0, res.stderr
@@ -305,3 +306,32 @@ def test_python_client_notebook_workers_job_view_and_sweep_trials_with_workers(h
     trials = alice.jobs(sweep="gang-sweep")
     assert len(trials) == 2 and all(t["pods"] == 2 and t["status"] == "succeeded" for t in trials)
     assert s.best.params == {"x": 3.0} and s.best.value == pytest.approx(10.0)
+
+
+def test_service_restart_readopts_every_worker_of_a_gang(tmp_path):
+    """SIGKILL the service while a gang runs, even with its handle lost (as if the service died
+    between writing "starting" and the handle): the restarted service finds every worker again by
+    its run id; nothing is restarted and the job finishes in its first attempt."""
+    import signal
+    import sqlite3
+
+    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 2}]}, users=["alice"], managed=False) as hub:
+        (hub.home("alice") / "worker.py").write_text(WORKER)
+        tok = hub.token("alice")
+        jid = hub.api("POST", "jobs", tok, json={"script": "worker.py", "args": ["ok", "6"], "pods": 2,
+                                                 "gpus": 1}).json()["id"]
+        hub.wait_job(tok, jid, {"running"}, 60)
+        hub.wait_for(lambda: "ENV=" in _log(hub, tok, jid, 1) and "ENV=" in _log(hub, tok, jid), 30)
+        hub.kill_service(signal.SIGKILL)
+        db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
+        db.execute("UPDATE workloads SET status='starting', handle=NULL WHERE id=?", (int(jid[2:]),))
+        db.commit()
+        db.close()
+        hub.start_service()
+        job = hub.wait_job(tok, jid, {"running", "succeeded"}, 30)
+        assert job["attempts"] == 1 and job["restarts"] == 0, job
+        job = hub.wait_job(tok, jid, {"succeeded", "failed"}, 60)
+        assert job["status"] == "succeeded" and job["attempts"] == 1, job
+        for rank in (0, 1):  # the same processes ran on: each worker started once
+            log = _log(hub, tok, jid, rank)
+            assert f"done rank {rank}" in log and log.count("ENV=") == 1 and "attempt 2" not in log, log

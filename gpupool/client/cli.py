@@ -58,7 +58,9 @@ def _utf8() -> bool:
 
 
 def _want(j: dict) -> str:
-    return str(j.get("gpu_memory")) if j.get("gpu_memory") else _num(j.get("gpus"))
+    """What a job asks for: ``0.5``, ``8Gi``; ``2x4`` for two workers of four GPUs each."""
+    want = str(j.get("gpu_memory")) if j.get("gpu_memory") else _num(j.get("gpus"))
+    return f'{j["pods"]}x{want}' if (j.get("pods") or 1) > 1 else want
 
 
 def _print_json(obj) -> None:
