@@ -335,3 +335,27 @@ def test_service_restart_readopts_every_worker_of_a_gang(tmp_path):
         for rank in (0, 1):  # the same processes ran on: each worker started once
             log = _log(hub, tok, jid, rank)
             assert f"done rank {rank}" in log and log.count("ENV=") == 1 and "attempt 2" not in log, log
+
+
+def test_a_database_from_before_distributed_jobs_gains_the_new_columns(tmp_path):
+    """An upgraded service opens its old database: the job columns added since are added in
+    place (old jobs are single-worker notebook jobs), nothing else changes."""
+    import sqlalchemy as sa
+
+    from gpupool.hub_ext import db as D
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = D.make_engine(url)
+    with engine.begin() as conn:
+        for col in ("pods", "script", "args", "command"):
+            conn.execute(sa.text(f'ALTER TABLE workloads DROP COLUMN "{col}"'))
+        conn.execute(sa.text("INSERT INTO workloads (type, user, server, name, queue, kind, gpus, gpu_memory, cpu, "
+                             "memory, priority, preemptible, checkpoint_on_signal, parameters, status, reason, "
+                             "submitted_at, preemptions, restarts, attempt) VALUES ('job', 'alice', '', 'old', 'q', "
+                             "'train', 1, 0, 0, 0, 50, 1, 0, '{}', 'queued', '', 1.0, 0, 0, 0)"))
+    engine.dispose()
+    engine = D.make_engine(url)
+    with D.make_sessionmaker(engine)() as s:
+        row = s.scalars(sa.select(D.Workload)).one()
+        assert (row.name, row.pods, row.script, row.args, row.command) == ("old", 1, None, None, None)
+    engine.dispose()
