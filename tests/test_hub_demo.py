@@ -224,6 +224,7 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         for user in ("alice", "bob", "carol"):
             nb = json.loads((demo / "homes" / user / "demo.ipynb").read_text())
             assert nb["nbformat"] == 4
+            assert (demo / "homes" / user / "ddp_train.py").is_file()  # the 2-worker example of docs/jobs.md
         # the gpupool service answers through the proxy
         with urllib.request.urlopen(f"{base}/services/gpupool/api/v1/health", timeout=10) as r:
             assert json.loads(r.read())["ok"] is True
