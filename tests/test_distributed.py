@@ -142,8 +142,9 @@ def test_submission_errors_name_the_field(hub, body, field, words):
 
 def test_gang_gets_the_torch_distributed_contract_and_per_rank_logs(hub):
     alice = hub.token("alice")
-    r = hub.api("POST", "jobs", alice, json={"script": "worker.py", "args": ["ok", "0"], "pods": 2, "gpus": 0.5})
+    r = hub.api("POST", "jobs", alice, json={"script": "worker.py", "args": ["ok", "2"], "pods": 2, "gpus": 0.5})
     assert r.status_code == 201, r.text
+    workers = hub.wait_job(alice, r.json()["id"], {"running"}, 60)["workers"]
     job = hub.wait_job(alice, r.json()["id"], {"succeeded", "failed"}, 90)
     assert job["status"] == "succeeded" and job["reason"] == "succeeded: the program exited with status 0 in all 2 workers"
     assert job["pods"] == 2 and [w["rank"] for w in job["workers"]] == [0, 1]
@@ -152,6 +153,9 @@ def test_gang_gets_the_torch_distributed_contract_and_per_rank_logs(hub):
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == str(rank)
         assert env["LOCAL_WORLD_SIZE"] == "2" and env["NODE_RANK"] == "0" and env["MASTER_ADDR"] == "127.0.0.1"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] and int(envs[0]["MASTER_PORT"]) > 0
+    for w, env in zip(workers, envs):  # each worker sees only its own pod's GPU share
+        assert w["node"] == "box" and w["fraction"] == 0.5
+        assert env["CUDA_VISIBLE_DEVICES"] == env["GPUPOOL_GPUS"] == str(w["gpus"][0])
     assert "done rank 1" in _log(hub, alice, job["id"], 1) and "done rank 1" not in _log(hub, alice, job["id"])
     bad = hub.api("GET", f"jobs/{job['id']}/log?rank=2", alice)
     assert bad.status_code == 400 and bad.json()["field"] == "rank" and "0 to 1" in bad.json()["message"]
@@ -359,3 +363,29 @@ def test_a_database_from_before_distributed_jobs_gains_the_new_columns(tmp_path)
         row = s.scalars(sa.select(D.Workload)).one()
         assert (row.name, row.pods, row.script, row.args, row.command) == ("old", 1, None, None, None)
     engine.dispose()
+
+
+def test_the_contract_from_placements_and_the_helpers():
+    """Pure: RANK is the pod index; LOCAL_RANK / LOCAL_WORLD_SIZE / NODE_RANK from which workers
+    share a node; the JAX and torchrun arguments come from the same variables."""
+    from gpupool import distributed as gd
+
+    placements = [{"pod": 2, "node": "b", "gpus": [0]}, {"pod": 0, "node": "a", "gpus": [0]},
+                  {"pod": 1, "node": "a", "gpus": [1]}, {"pod": 3, "node": "b", "gpus": [1]}]
+    envs = [gd.worker_env(placements, r, "10.0.0.1", 29400) for r in range(4)]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["NODE_RANK"]) for e in envs] == [
+        ("0", "0", "2", "0"), ("1", "1", "2", "0"), ("2", "0", "2", "1"), ("3", "1", "2", "1")]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"} and set(gd.CONTRACT) <= set(envs[0])
+    old = dict(os.environ)
+    try:
+        os.environ.update(envs[3])
+        assert (gd.rank(), gd.world_size(), gd.local_rank(), gd.is_main(), gd.is_distributed()) == (3, 4, 1, False, True)
+        assert gd.jax_initialize_args() == {"coordinator_address": "10.0.0.1:29400", "num_processes": 4, "process_id": 3}
+        assert gd.torchrun_args(2) == ["--nnodes=4", "--node-rank=3", "--nproc-per-node=2", "--master-addr=10.0.0.1",
+                                       "--master-port=29400"]
+        os.environ.pop("GPUPOOL_STOP_FILE", None)
+        assert gd.should_stop() is False  # no stop file, torch.distributed not initialised: the local answer
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert (gd.rank(), gd.world_size(), gd.is_main()) == (0, 1, True)  # outside a distributed job
