@@ -121,7 +121,7 @@ class LocalBackend(JobBackend):
         self._causes: dict[str, int] = {}  # gang run id -> the rank whose failure stops it
         self._stopping: dict[str, float] = {}  # gang run id -> when its workers were first told to stop
 
-    def _env(self, spec: JobSpec, home: str) -> dict[str, str]:  # noqa: D102 - one worker's environment
+    def _env(self, spec: JobSpec, home: str) -> dict[str, str]:
         env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
         env.update({"HOME": home, "USER": spec.run_as or spec.user, "JUPYTERHUB_USER": spec.user,
                     "PYTHONUNBUFFERED": "1"})
