@@ -216,7 +216,8 @@ def _notebook_ref(notebook) -> dict:
         raise TypeError("notebook must be a path such as 'train.ipynb' or an nbformat notebook dict")
     path = os.fspath(notebook)
     if not path.endswith(".ipynb"):
-        raise GPUPoolError(f"notebook: {path!r} is not a .ipynb file", field="notebook")
+        raise GPUPoolError(f"notebook: {path!r} is not a .ipynb notebook or a .py script (run other programs "
+                           "as a command: a list such as ['bash', 'run.sh'])", field="notebook")
     p = Path(path).expanduser()
     if not p.is_absolute() and p.exists():
         p = p.resolve()
