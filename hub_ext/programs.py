@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..backends.base import PYTHON_NAMES
 from .api import APIError
 
 PROGRAM_FIELDS = ("script", "args", "command")
@@ -71,9 +72,9 @@ def program(data: dict, workdir: Callable[[], str]) -> Program | None:
         argv = _strings(command, "command", empty_ok=False)
         if args is not None:
             raise APIError(400, "args: a command job takes its arguments in command", "args")
-        if argv[0] in ("python", "python3") and len(argv) > 2 and argv[1] == "-m":
+        if argv[0] in PYTHON_NAMES and len(argv) > 2 and argv[1] == "-m":
             name = argv[2]  # python -m mypkg.train
-        elif argv[0] in ("python", "python3") and len(argv) > 1 and not argv[1].startswith("-"):
+        elif argv[0] in PYTHON_NAMES and len(argv) > 1 and not argv[1].startswith("-"):
             name = os.path.splitext(os.path.basename(argv[1]))[0]  # python train.py
         else:
             name = os.path.basename(argv[0])
