@@ -23,7 +23,7 @@ Each worker sees only its own GPUs (``CUDA_VISIBLE_DEVICES`` from its pod's plac
 Inside a worker::
 
     from gpupool import distributed as gd, checkpoint
-    gd.init_torch()                           # init_process_group: nccl with GPUs, else gloo
+    gd.init_torch()                           # init_process_group: nccl with whole GPUs, else gloo
     state = checkpoint.load(default={...})    # every rank restores the newest checkpoint
     ...
     if gd.is_main():
@@ -98,14 +98,17 @@ def is_distributed() -> bool:
 
 def init_torch(backend: str | None = None, **kwargs: Any) -> Any:
     """``torch.distributed.init_process_group`` from the contract (``env://``); ``backend``
-    defaults to ``nccl`` when CUDA is available, else ``gloo``. Returns ``torch.distributed``.
-    Does nothing (but return the module) when already initialised."""
+    defaults to ``nccl`` when CUDA is available and the worker has whole GPUs, else ``gloo`` (CPU
+    workers, and workers with a fraction of a GPU: NCCL refuses two ranks on one GPU, which
+    fractional workers may share). Returns ``torch.distributed``. Does nothing (but return the
+    module) when already initialised."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
         if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            shared = float(os.environ.get("GPUPOOL_GPU_FRACTION") or 1.0) < 1.0
+            backend = "nccl" if torch.cuda.is_available() and not shared else "gloo"
         kwargs.setdefault("rank", rank())
         kwargs.setdefault("world_size", world_size())
         dist.init_process_group(backend=backend, init_method="env://", **kwargs)
