@@ -275,7 +275,7 @@ def build_body(notebook=None, *, gpus: float | None = None, gpu_memory: str | in
                checkpoint_on_signal: bool | None = None, name: str | None = None,
                cpu: float | None = None, memory: str | int | None = None, sweep: str | None = None,
                notebook_content: Mapping | None = None, args=None, pods: int | None = None) -> dict:
-    program = _program_ref(notebook, args) if notebook is not None else None
+    program = _program_ref(notebook, args)
     if program is None and (notebook is None) == (notebook_content is None):
         raise GPUPoolError("give exactly one of notebook (a path) or notebook_content (a notebook dict), "
                            "a script (.py) or a command (a list)", field="notebook")
