@@ -435,23 +435,24 @@ class SchedulerLoop:
 
     async def _enforce_memory(self, s: Any, rows: list[D.Workload], now: float) -> None:
         """Fractional jobs over their GPU memory share (NVML per-process readings)."""
-        by_gpu: dict[int, list[D.Workload]] = {}
+        by_gpu: dict[int, dict[int, list]] = {}  # GPU index -> job id -> [row, its workers on that GPU]
         for row in rows:
             if row.type != D.JOB or not row.allocation or row.handle is None or row.stop_requested_at:
                 continue
-            p = row.allocation[0]
-            if p.get("gpus") and float(p.get("fraction", 1)) < 1:
-                by_gpu.setdefault(p["gpus"][0], []).append(row)
+            for p in row.allocation:  # every worker's share (a gang's workers may share a GPU)
+                if p.get("gpus") and float(p.get("fraction", 1)) < 1:
+                    by_gpu.setdefault(p["gpus"][0], {}).setdefault(row.id, [row, 0])[1] += 1
         warnings: dict[int, str] = {}
         for index, jobs in by_gpu.items():
             used_by_pid = self.nvml.process_memory(index)
             if not used_by_pid:
                 continue
-            for row in jobs:
+            for row, workers in jobs.values():
                 pids = self.backend.pids(row.handle)
                 used = sum(b for pid, b in used_by_pid.items() if pid in pids)
                 node = self.nodes.get(row.allocation[0]["node"])
-                share = row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"]) if node else 0)
+                share = workers * (row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"])
+                                                      if node else 0))
                 if share and used > share * 1.02:
                     msg = (f"using {format_bytes(used)} of GPU {index}'s memory, more than its share of "
                            f"{format_bytes(share)}")

@@ -389,3 +389,59 @@ def test_the_contract_from_placements_and_the_helpers():
         os.environ.clear()
         os.environ.update(old)
     assert (gd.rank(), gd.world_size(), gd.is_main()) == (0, 1, True)  # outside a distributed job
+
+
+async def test_gpu_memory_share_of_a_gang_counts_every_worker_on_the_gpu(tmp_path):
+    """NVML memory accounting for a gang whose two workers share one GPU (0.5 each): their usage
+    is held against both shares, not one. NVML is test_nvml's stand-in; loop, backend and the
+    worker processes are real."""
+    import asyncio
+    import signal
+    import types
+
+    from test_nvml import FakeNVML, device
+
+    from gpupool.backends import nvml as nvml_mod
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext.app import Service
+    from gpupool.hub_ext.auth import Identity
+    from gpupool.hub_ext.config import load
+    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.metrics import Metrics
+
+    (tmp_path / "home").mkdir()
+    settings = load({"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "16Gi"}], "run_as_user": False,
+                     "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+                     "work_dir": str(tmp_path / "home"), "preemption_grace": 1, "kill_after": 1})
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    fake = FakeNVML([device(0, total=16 * 2**30)])
+    backend = LocalBackend(settings)
+    loop = SchedulerLoop(settings, sessions, backend, Metrics(),
+                         nvml=types.SimpleNamespace(process_memory=lambda i: nvml_mod.process_memory(i, nvml=fake)))
+    svc = Service(settings, sessions, loop, None, Metrics())
+    job = await svc.new_job(Identity(name="alice"), {"command": ["python", "-c", "import time; time.sleep(60)"],
+                                                    "pods": 2, "gpus": 0.5})
+
+    def row():
+        with sessions() as s:
+            return s.get(D.Workload, job.id)
+
+    try:
+        await loop.cycle()
+        r = row()
+        assert r.status == "running" and [p["gpus"] for p in r.allocation] == [[0], [0]]
+        for _ in range(50):
+            if len(backend.pids(r.handle)) >= 4:  # two runners, two programs
+                break
+            await asyncio.sleep(0.1)
+        pids = sorted(backend.pids(r.handle))
+        fake.devices[0]["procs"] = [(pid, 5 * 2**30 // len(pids) * 2) for pid in pids]  # 10Gi: over one share only
+        await loop.cycle()
+        assert "warning" not in row().reason, row().reason
+        fake.devices[0]["procs"] = [(pid, 9 * 2**30 // len(pids) * 2) for pid in pids]  # 18Gi > both shares
+        await loop.cycle()
+        assert "more than its share of 16Gi" in row().reason, row().reason
+    finally:
+        for pid in backend.pids(row().handle or {"run_id": "none"}):
+            os.kill(pid, signal.SIGKILL)
