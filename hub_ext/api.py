@@ -10,12 +10,13 @@ from typing import Any
 from sqlalchemy import select
 from tornado import web
 
+from ..backends.base import worker_file
 from ..scheduler.spec import SpecError
 from . import db as D
 from .auth import AuthError, Identity
 
 JOB_FIELDS = ("notebook", "notebook_content", "parameters", "gpus", "gpu_memory", "cpu", "memory", "queue", "kind",
-              "priority", "preemptible", "checkpoint_on_signal", "name", "sweep")
+              "priority", "preemptible", "checkpoint_on_signal", "name", "sweep", "script", "args", "command", "pods")
 JOB_KINDS = ("train", "hpo-trial", "inference")
 WORKSPACE_FIELDS = ("server", "gpus", "gpu_memory", "cpu", "memory", "queue", "preemptible", "priority", "name")
 
@@ -104,6 +105,18 @@ class BaseHandler(web.RequestHandler):
         if self.ident is not None and self.ident.kind == "job":
             raise APIError(403, "a job token may only read its own job and post its metrics")
 
+    def rank(self, row: D.Workload) -> int:
+        """The ``rank`` query argument (a worker of a distributed job; default 0)."""
+        text = self.get_argument("rank", "0")
+        pods = int(row.pods or 1)
+        try:
+            rank = int(text)
+            assert 0 <= rank < pods
+        except (ValueError, AssertionError):
+            raise APIError(400, f"rank: must be a worker's rank, 0 to {pods - 1} ({row.public_id} has {pods} "
+                                f"worker{'s' if pods != 1 else ''})", "rank") from None
+        return rank
+
     def load_job(self, s: Any, job_id: str) -> D.Workload:
         parsed = D.parse_public_id(job_id)
         row = s.get(D.Workload, parsed[1]) if parsed and parsed[0] == D.JOB else None
@@ -136,7 +149,21 @@ def job_view(svc: Any, row: D.Workload, metrics: dict | None = None) -> dict:
         "preemptions": row.preemptions, "restarts": row.restarts, "attempts": row.attempt,
         "allocation": allocation_view(row.allocation), "exit_code": row.exit_code,
         "metrics": metrics if metrics is not None else {}, "checkpoint": ckpt,
+        "script": row.script, "args": row.args, "command": row.command, "pods": int(row.pods or 1),
+        "workers": workers_view(row),
     }
+
+
+def workers_view(row: Any) -> list[dict]:
+    """The workers of a job (one for a plain job): rank, where it runs, its log (``?rank=``)."""
+    placed = {int(p.get("pod", 0)): p for p in (row.allocation or [])}
+    out = []
+    for rank in range(int(row.pods or 1)):
+        p = placed.get(rank)
+        out.append({"rank": rank, "node": p["node"] if p else None, "gpus": list(p.get("gpus", [])) if p else [],
+                    "fraction": p.get("fraction", 1.0) if p else None,
+                    "log": f"jobs/{row.public_id}/log" + (f"?rank={rank}" if rank else "")})
+    return out
 
 
 def workspace_view(svc: Any, row: D.Workload, env: bool = True) -> dict:
@@ -327,7 +354,8 @@ class JobLogHandler(BaseHandler):
             assert offset >= 0
         except (ValueError, AssertionError):
             raise APIError(400, "offset: must be a non-negative integer", "offset") from None
-        path = os.path.join(svc.settings.pool.job_root, row.public_id, "log.txt")
+        rank = self.rank(row)
+        path = worker_file(os.path.join(svc.settings.pool.job_root, row.public_id, "log.txt"), rank)
         data = b""
         try:
             with open(path, "rb") as f:
@@ -346,7 +374,10 @@ class JobOutputHandler(BaseHandler):
         svc = self.svc
         with svc.sessions() as s:
             row = self.load_job(s, job_id)
-        path = os.path.join(svc.settings.pool.job_root, row.public_id, "output.ipynb")
+        if row.script or row.command:
+            raise APIError(404, f"{row.public_id} is a {'script' if row.script else 'command'} job: it writes no output "
+                                f"notebook (its output is in the log: jobs/{row.public_id}/log)")
+        path = worker_file(os.path.join(svc.settings.pool.job_root, row.public_id, "output.ipynb"), self.rank(row))
         try:
             with open(path, "rb") as f:
                 data = f.read()

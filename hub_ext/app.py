@@ -34,6 +34,7 @@ from .auth import Authenticator, Identity
 from .config import GPUPoolConfigError, Settings, from_json
 from .loop import SchedulerLoop
 from .metrics import Metrics
+from .programs import check_pods, in_workdir, program
 from .reconcile import WorkspaceReconciler
 
 log = logging.getLogger("gpupool")
@@ -152,7 +153,7 @@ class Service:
 
     def _resources(self, data: dict, queue: str, kind: str, user: str) -> Any:
         entry: dict[str, Any] = {"name": "request", "queue": queue, "kind": kind, "user": user}
-        for key in ("gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible", "checkpoint_on_signal"):
+        for key in ("gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible", "checkpoint_on_signal", "pods"):
             if key in data and data[key] is not None:
                 entry[key] = data[key]
         try:
@@ -179,13 +180,16 @@ class Service:
             if key not in JOB_FIELDS:
                 raise APIError(400, f"{key}: unknown field (allowed: {', '.join(JOB_FIELDS)})", key)
         nb, content = data.get("notebook"), data.get("notebook_content")
-        if (nb is None) == (content is None):
-            raise APIError(400, "notebook: give exactly one of notebook (a path) and notebook_content", "notebook")
+        prog = program(data, lambda: self.loop.workdir(ident.name))
+        if prog is None and (nb is None) == (content is None):
+            raise APIError(400, "notebook: give exactly one of notebook (a path), notebook_content, script and "
+                                "command", "notebook")
         kind = data.get("kind", "train")
         if kind not in JOB_KINDS:
             raise APIError(400, f"kind: must be one of {', '.join(JOB_KINDS)} (workspaces are interactive)", "kind")
         queue = self._queue(ident, data)
         w = self._resources(data, queue, kind, ident.name)
+        check_pods(w, self.settings.pool.max_pods, self.settings.nodes)
         params = data.get("parameters", {})
         if params is None:
             params = {}
@@ -195,21 +199,10 @@ class Service:
         if sweep is not None and (not isinstance(sweep, str) or len(sweep) > 255):
             raise APIError(400, "sweep: must be a string (a sweep id)", "sweep")
         source: str | None = None
-        if nb is not None:
-            if not isinstance(nb, str) or not nb.strip():
-                raise APIError(400, "notebook: must be a path relative to your working directory", "notebook")
-            if os.path.isabs(nb):
-                raise APIError(400, "notebook: must be relative to your working directory, not absolute", "notebook")
-            try:
-                workdir = self.loop.workdir(ident.name)
-            except ValueError as e:
-                raise APIError(400, f"notebook: {e}", "notebook") from None
-            real_dir = os.path.realpath(workdir)
-            source = os.path.realpath(os.path.join(workdir, nb))
-            if not source.startswith(real_dir + os.sep):
-                raise APIError(400, "notebook: must stay inside your working directory", "notebook")
-            if not os.path.isfile(source):
-                raise APIError(400, f"notebook: no such file {nb!r} in your working directory ({workdir})", "notebook")
+        if prog is not None:
+            name_default = prog.name
+        elif nb is not None:
+            _, source = in_workdir("notebook", nb, lambda: self.loop.workdir(ident.name))
             try:
                 with open(source, "rb") as f:
                     doc = json.load(f)
@@ -230,7 +223,9 @@ class Service:
         values = dict(type=D.JOB, user=ident.name, server="", name=name, queue=queue, kind=kind,
                       gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority,
                       preemptible=w.preemptible, checkpoint_on_signal=w.checkpoint_on_signal,
-                      notebook=nb, source=json.dumps(doc if source is not None else content), parameters=params_json,
+                      notebook=nb, parameters=params_json, pods=w.pods,
+                      source=None if prog else json.dumps(doc if source is not None else content),
+                      script=prog and prog.script, args=prog and prog.args, command=prog and prog.command,
                       sweep=sweep, status=D.QUEUED, reason="submitted; waiting for the scheduler's next cycle",
                       submitted_at=time.time(), preemptions=0, restarts=0, attempt=0)
         new_id = await self.inserter.insert(values)  # committed before the 201

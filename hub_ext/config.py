@@ -85,6 +85,17 @@ class GPUPool(Configurable):
         0.0, help="Seconds a started preemptible job is protected from preemption."
     ).tag(config=True)
 
+    max_pods = Integer(
+        64, help="""Most workers (``pods``) one distributed job may ask for; a submission with more
+        is refused (400, field ``pods``).""",
+    ).tag(config=True)
+
+    gang_restarts = Integer(
+        3, help="""How often a distributed job is requeued (and resumes from its checkpoint) after
+        one of its workers died (killed by a signal, its process or pod gone) before it fails.
+        A worker that exits with an error status fails the job at once.""",
+    ).tag(config=True)
+
     placement = Enum(
         list(POLICIES), default_value="default", help="Placement policy of the scheduler."
     ).tag(config=True)
@@ -261,10 +272,12 @@ def load(config: Config | GPUPool | dict, cwd: str | None = None, discover: bool
             raise GPUPoolConfigError(str(e)) from None
     if pool.default_queue and pool.default_queue not in access:
         raise GPUPoolConfigError(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
+    if pool.max_pods < 1:
+        raise GPUPoolConfigError("c.GPUPool.max_pods: must be >= 1")
     if pool.cycle_seconds <= 0:
         raise GPUPoolConfigError("c.GPUPool.cycle_seconds: must be > 0")
     for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
-                 "workspace_release_grace"):
+                 "workspace_release_grace", "gang_restarts"):
         if getattr(pool, knob) < 0:
             raise GPUPoolConfigError(f"c.GPUPool.{knob}: must be >= 0")
     if "{" in pool.work_dir:

@@ -51,6 +51,12 @@ class Workload(Base):
     preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
     checkpoint_on_signal: Mapped[bool] = mapped_column(Boolean, default=False)
     notebook: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # script and command jobs (docs/jobs.md): ``script`` relative to the working directory with its
+    # ``args``, or ``command`` (an argv list); both NULL for a notebook job
+    script: Mapped[str | None] = mapped_column(Text, nullable=True)
+    args: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
+    command: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
+    pods: Mapped[int] = mapped_column(Integer, default=1)  # workers of a distributed job (a gang)
     source: Mapped[str | None] = deferred(mapped_column(Text, nullable=True))  # the notebook (JSON) as submitted
     parameters: Mapped[Any] = mapped_column(JSON, default=dict)
     sweep: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
@@ -118,7 +124,30 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
     Base.metadata.create_all(engine)
+    add_missing_columns(engine)
     return engine
+
+
+def add_missing_columns(engine: Engine) -> None:
+    """Columns added to a table since its database was created (``create_all`` makes only missing
+    tables): ``ALTER TABLE ... ADD COLUMN`` with the column's default, so a service upgraded in
+    place keeps its jobs."""
+    from sqlalchemy import inspect, text
+
+    insp = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name in have:
+                continue
+            kind = col.type.compile(dialect=engine.dialect)
+            default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
+            clause = f" DEFAULT {int(default) if isinstance(default, bool) else default!r}" if isinstance(
+                default, (int, float, bool)) else ""
+            with engine.begin() as conn:
+                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}{clause}'))
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -34,6 +34,7 @@ DEMO_QUEUES = [
 ]
 DEMO_NODES = [{"name": "gpu-node", "count": 2, "gpus": 4, "gpu_memory": "24Gi", "gpu_model": "demo-24GB"}]
 EXAMPLE_NOTEBOOK = "demo.ipynb"
+EXAMPLE_DDP = "ddp_train.py"  # a 2-worker job: gpupool submit --pods 2 --gpus 1 ddp_train.py (needs torch)
 
 
 @dataclass
@@ -164,6 +165,9 @@ def write_demo(root: Path | str = DEMO_DIR, opts: DemoOptions | None = None) -> 
         home.mkdir(parents=True, exist_ok=True)
         if not (home / EXAMPLE_NOTEBOOK).exists():
             shutil.copy2(skel / EXAMPLE_NOTEBOOK, home / EXAMPLE_NOTEBOOK)
+        ddp = Path(__file__).resolve().parents[1] / "examples" / EXAMPLE_DDP  # source tree only
+        if ddp.is_file() and not (home / EXAMPLE_DDP).exists():
+            shutil.copy2(ddp, home / EXAMPLE_DDP)
     path = root / "jupyterhub_config.py"
     path.write_text(config_text(root, opts))
     return path

@@ -34,7 +34,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState
+from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState, worker_file
 from ..scheduler import Scheduler
 from ..scheduler.model import (CycleResult, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot,
                                Workload as SWorkload)
@@ -56,7 +56,7 @@ def hash_token(token: str) -> str:
 
 QUEUED_COLUMNS = [getattr(D.Workload, c) for c in (
     "id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
-    "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status")]
+    "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status", "pods")]
 
 
 @dataclass
@@ -249,13 +249,17 @@ class SchedulerLoop:
         run_as = None
         if self.pool.run_as_user and os.geteuid() == 0:
             run_as = row.user
+        pods = int(row.pods or 1)
+        placements = sorted(row.allocation or [], key=lambda p: int(p.get("pod", 0)))
         return JobSpec(job_id=jid, run_id=f"{jid}.{row.attempt}.{self.instance}", attempt=row.attempt, user=row.user,
                        notebook=os.path.join(jdir, "input.ipynb"), output=os.path.join(jdir, "output.ipynb"),
                        log=os.path.join(jdir, "log.txt"), parameters=row.parameters or {},
                        workdir=self.workdir(row.user), job_dir=jdir, checkpoint_dir=ckpt,
-                       stop_file=env["GPUPOOL_STOP_FILE"], env=env, placements=list(row.allocation or []),
+                       stop_file=env["GPUPOOL_STOP_FILE"], env=env, placements=placements,
                        kernel_name=self.pool.kernel_name, python=self.pool.job_python, run_as=run_as,
-                       queue=row.queue or "", kind=row.kind or "", cpu=float(row.cpu or 0), memory=int(row.memory or 0))
+                       queue=row.queue or "", kind=row.kind or "", cpu=float(row.cpu or 0), memory=int(row.memory or 0),
+                       command=program_command(row), pods=pods,
+                       worker_env=[self.gpu_env([p], row.gpu_memory) for p in placements] if pods > 1 else [])
 
     # ------------------------------------------------------------------ recovery
     async def recover(self) -> None:
@@ -385,6 +389,15 @@ class SchedulerLoop:
             if self.metrics is not None:
                 self.metrics.preemptions.inc()
             return
+        if cause is None and state.state == LOST and (row.pods or 1) > 1 and row.restarts < self.pool.gang_restarts:
+            # a worker of a gang died (killed, its node failed): the whole gang starts again
+            row.status = D.QUEUED
+            row.restarts += 1
+            resume = ("resumes from its checkpoint" if row.last_checkpoint_at
+                      else "restarts from the beginning (it saved no checkpoint)")
+            row.reason = (f"requeued: {state.detail}; it {resume} "
+                          f"(restart {row.restarts} of at most {self.pool.gang_restarts})")
+            return
         row.finished_at = now
         if cause == "cancel":
             row.status = D.CANCELLED
@@ -394,10 +407,13 @@ class SchedulerLoop:
             row.reason = why
         elif state.state == EXITED and state.exit_code == 0:
             row.status = D.SUCCEEDED
-            row.reason = "succeeded: the notebook ran to the end"
+            what = "the notebook ran to the end" if program_command(row) is None else "the program exited with status 0"
+            row.reason = f"succeeded: {what}" + (f" in all {row.pods} workers" if (row.pods or 1) > 1 else "")
         elif state.state == EXITED:
             row.status = D.FAILED
-            err = _error_line(os.path.join(self.job_dir(row), "log.txt"))
+            err = _error_line(worker_file(os.path.join(self.job_dir(row), "log.txt"), state.rank or 0))
+            if err and state.rank is not None:
+                err = f"worker {state.rank}: {err}"
             row.reason = f"failed: {err}" if err else f"failed: {state.detail}"
             if err and state.exit_code and state.exit_code > 128:
                 row.reason += f" ({state.detail})"
@@ -419,23 +435,24 @@ class SchedulerLoop:
 
     async def _enforce_memory(self, s: Any, rows: list[D.Workload], now: float) -> None:
         """Fractional jobs over their GPU memory share (NVML per-process readings)."""
-        by_gpu: dict[int, list[D.Workload]] = {}
+        by_gpu: dict[int, dict[int, list]] = {}  # GPU index -> job id -> [row, its workers on that GPU]
         for row in rows:
             if row.type != D.JOB or not row.allocation or row.handle is None or row.stop_requested_at:
                 continue
-            p = row.allocation[0]
-            if p.get("gpus") and float(p.get("fraction", 1)) < 1:
-                by_gpu.setdefault(p["gpus"][0], []).append(row)
+            for p in row.allocation:  # every worker's share (a gang's workers may share a GPU)
+                if p.get("gpus") and float(p.get("fraction", 1)) < 1:
+                    by_gpu.setdefault(p["gpus"][0], {}).setdefault(row.id, [row, 0])[1] += 1
         warnings: dict[int, str] = {}
         for index, jobs in by_gpu.items():
             used_by_pid = self.nvml.process_memory(index)
             if not used_by_pid:
                 continue
-            for row in jobs:
+            for row, workers in jobs.values():
                 pids = self.backend.pids(row.handle)
                 used = sum(b for pid, b in used_by_pid.items() if pid in pids)
                 node = self.nodes.get(row.allocation[0]["node"])
-                share = row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"]) if node else 0)
+                share = workers * (row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"])
+                                                      if node else 0))
                 if share and used > share * 1.02:
                     msg = (f"using {format_bytes(used)} of GPU {index}'s memory, more than its share of "
                            f"{format_bytes(share)}")
@@ -481,6 +498,7 @@ class SchedulerLoop:
                           gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory, priority=row.priority,
                           preemptible=row.preemptible, submit_time=row.submitted_at,
                           checkpoint_on_signal=row.checkpoint_on_signal, last_checkpoint_at=row.last_checkpoint_at,
+                          pods=int(row.pods or 1),
                           phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
                           placements=placements, started_at=row.started_at)
             workloads.append(w)
@@ -493,7 +511,7 @@ class SchedulerLoop:
                 w = SWorkload(id=D.public_id(row.type, row.id), queue=row.queue, user=row.user, kind=row.kind,
                               gpus=row.gpus, gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory,
                               priority=row.priority, preemptible=row.preemptible, submit_time=row.submitted_at,
-                              checkpoint_on_signal=row.checkpoint_on_signal,
+                              checkpoint_on_signal=row.checkpoint_on_signal, pods=int(row.pods or 1),
                               last_checkpoint_at=row.last_checkpoint_at)
             fresh[row.id] = w
             workloads.append(w)
@@ -569,7 +587,7 @@ class SchedulerLoop:
         s.commit()  # write-ahead: the allocation is on disk before anything runs
         try:
             spec = self.job_spec(row, token)
-            if not os.path.exists(spec.notebook):
+            if spec.command is None and not os.path.exists(spec.notebook):
                 source = s.scalar(select(D.Workload.source).where(D.Workload.id == row.id))
                 if not source:
                     raise RuntimeError("the submitted notebook was not stored")
@@ -579,8 +597,10 @@ class SchedulerLoop:
                     f.write(source)
                 os.replace(tmp, spec.notebook)
             if row.attempt > 1:
-                _append(spec.log, f"\n=== gpupool: attempt {row.attempt} of {spec.job_id} on {_where(allocation)}"
-                                  f"{'; resuming from ' + spec.env['GPUPOOL_RESUME_FROM'] if 'GPUPOOL_RESUME_FROM' in spec.env else ''} ===\n")
+                for rank in range(spec.pods):
+                    _append(spec.worker_log(rank),
+                            f"\n=== gpupool: attempt {row.attempt} of {spec.job_id} on {_where(allocation)}"
+                            f"{'; resuming from ' + spec.env['GPUPOOL_RESUME_FROM'] if 'GPUPOOL_RESUME_FROM' in spec.env else ''} ===\n")
             handle = await self.backend.start(spec)
         except Exception as e:
             log.warning("could not start %s: %s", row.public_id, e)
@@ -625,6 +645,16 @@ class SchedulerLoop:
             # only rows still queued: a cancel may have landed since the snapshot
             s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes,
                       execution_options={"synchronize_session": None})
+
+
+def program_command(row: Any) -> list[str] | None:
+    """A script or command job's argv (a leading ``python`` is the job's interpreter); None for a
+    notebook job."""
+    if row.command:
+        return [str(a) for a in row.command]
+    if row.script:
+        return ["python", row.script, *[str(a) for a in (row.args or [])]]
+    return None
 
 
 def _node_words(state: tuple[int, bool] | None) -> str:

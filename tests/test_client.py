@@ -109,8 +109,12 @@ def test_error_mapping_keeps_message_and_field():
 def test_build_body_validates_locally():
     with pytest.raises(gpupool.GPUPoolError, match="exactly one"):
         build_body()
-    with pytest.raises(gpupool.GPUPoolError, match="not a .ipynb"):
-        build_body("train.py")
+    with pytest.raises(gpupool.GPUPoolError, match="not a .ipynb notebook or a .py script"):
+        build_body("train.sh")
+    assert build_body("no/such/train.py", args=["--lr", 1]) == {"script": "no/such/train.py", "args": ["--lr", "1"]}
+    assert build_body(["python", "-m", "m"], pods=2) == {"command": ["python", "-m", "m"], "pods": 2}
+    with pytest.raises(gpupool.GPUPoolError, match="args"):
+        build_body("train.ipynb", args=["x"])
     body = build_body("sub/train.ipynb", gpus=0.5, parameters={"lr": 1e-3}, queue="vision", kind="train")
     assert body == {"notebook": "sub/train.ipynb", "parameters": {"lr": 0.001}, "gpus": 0.5, "queue": "vision",
                     "kind": "train"}

@@ -79,7 +79,7 @@ def test_rbac_is_least_privilege(chart):
     rules = {(tuple(r["resources"]), tuple(sorted(r["verbs"]))) for r in role["rules"]}
     assert rules == {(("pods",), ("create", "delete", "get", "list", "watch")), (("pods/log",), ("get",)),
                      (("events",), ("get", "list", "watch")), (("persistentvolumeclaims",), ("create", "get", "list")),
-                     (("secrets",), ("create",))}
+                     (("secrets",), ("create",)), (("services",), ("create",))}
     cluster = by_kind(docs, "ClusterRole")[0]
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster["rules"])  # read-only cluster-wide
     assert {tuple(r["resources"]) for r in cluster["rules"]} == {("nodes",), ("pods",)}

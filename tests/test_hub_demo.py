@@ -205,12 +205,26 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
                     break
                 time.sleep(0.5)
             assert (me["servers"].get("") or {}).get("ready"), me
+            # the demo runs a distributed job: two workers of two GPUs each, started together
+            token = s.post(f"{base}/hub/api/users/alice/tokens", headers={"X-XSRFToken": xsrf}, json={}).json()["token"]
+            api = f"{base}/services/gpupool/api/v1/"
+            auth = {"Authorization": f"token {token}"}
+            job = s.post(api + "jobs", headers=auth, json={
+                "command": ["python", "-c", "import os; print('worker', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"],
+                "pods": 2, "gpus": 2}).json()
+            deadline = time.monotonic() + 90
+            while job.get("status") not in ("succeeded", "failed") and time.monotonic() < deadline:
+                time.sleep(0.5)
+                job = s.get(api + f"jobs/{job['id']}", headers=auth).json()
+            assert job["status"] == "succeeded", job
+            assert "worker 1 of 2" in s.get(api + f"jobs/{job['id']}/log?rank=1", headers=auth).text
         # the demo's files are where the docs say, with the example notebook in every home
         demo = tmp_path / ".gpupool-demo"
         assert (demo / "jupyterhub_config.py").is_file()
         for user in ("alice", "bob", "carol"):
             nb = json.loads((demo / "homes" / user / "demo.ipynb").read_text())
             assert nb["nbformat"] == 4
+            assert (demo / "homes" / user / "ddp_train.py").is_file()  # the 2-worker example of docs/jobs.md
         # the gpupool service answers through the proxy
         with urllib.request.urlopen(f"{base}/services/gpupool/api/v1/health", timeout=10) as r:
             assert json.loads(r.read())["ok"] is True

@@ -147,29 +147,13 @@ async def test_gpu_memory_enforcement_reports_then_stops(tmp_path):
     NVML is the vendor library's stand-in from test_nvml.py behind the real gpupool.backends.nvml
     code; the loop, the backend and the job (papermill) are real."""
     import asyncio
-    import types
 
-    from test_nvml import FakeNVML, device
+    from test_nvml import memory_loop
 
-    from gpupool.backends import nvml as nvml_mod
-    from gpupool.backends.local import LocalBackend
     from gpupool.hub_ext import db as D
-    from gpupool.hub_ext.app import Service
     from gpupool.hub_ext.auth import Identity
-    from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.loop import SchedulerLoop
-    from gpupool.hub_ext.metrics import Metrics
 
-    (tmp_path / "home").mkdir()
-    settings = load({"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "16Gi"}], "run_as_user": False,
-                     "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
-                     "work_dir": str(tmp_path / "home"), "preemption_grace": 1, "kill_after": 1})
-    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
-    fake = FakeNVML([device(0, total=16 * 2**30)])
-    reader = types.SimpleNamespace(process_memory=lambda i: nvml_mod.process_memory(i, nvml=fake))
-    backend = LocalBackend()
-    loop = SchedulerLoop(settings, sessions, backend, Metrics(), nvml=reader)
-    svc = Service(settings, sessions, loop, None, Metrics())
+    sessions, fake, backend, loop, svc = memory_loop(tmp_path)
     nb = notebook("import time\nwhile True:\n    time.sleep(0.1)")
     job = await svc.new_job(Identity(name="alice"), {"notebook_content": nb, "gpus": 0.5})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import os
 import signal
 import subprocess
@@ -548,6 +549,31 @@ def test_service_runs_jobs_as_pods_reclaims_and_resumes(kube_hub):
     assert [s for _, s in record] == list(range(30)), record  # every step once: resumed from the checkpoint
     assert len({a for a, _ in record}) == 2
     hub.wait_for(lambda: not cluster.pods("jobs", "gpupool.io/managed=true"), 30, message="finished pods were not removed")
+
+
+@pytest.mark.hub
+def test_service_runs_a_distributed_job_as_worker_pods(kube_hub):
+    """pods: 2 through the real service on the Kubernetes backend: one pod per worker with the
+    rendezvous environment, the headless Service, every worker's log, success of the whole."""
+    hub, cluster = kube_hub
+    bob = hub.token("bob")
+    r = hub.api("POST", "jobs", bob, json={"pods": 2, "gpus": 1, "command": [
+        "python", "-c", "import os; print('worker', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'master', "
+                        "os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], 'node', os.environ['NODE_RANK'])"]})
+    assert r.status_code == 201, r.text
+    job = hub.wait_job(bob, r.json()["id"], {"succeeded", "failed"}, 90)
+    assert job["status"] == "succeeded", job
+    pod0 = f"gpupool-{job['id']}-1-"
+    logs = [hub.api("GET", f"jobs/{job['id']}/log" + (f"?rank={k}" if k else ""), bob).text for k in (0, 1)]
+    for k, log in enumerate(logs):
+        m = re.search(r"worker (\d) of 2 master (\S+) 29500 node 0", log)
+        assert m and m.group(1) == str(k), log
+        assert m.group(2).startswith(pod0) and m.group(2).endswith(".jobs.svc"), m.group(2)  # rank 0's pod in its Service
+    posted = [q for q in cluster.requests if q.method == "POST" and q.resource is not None
+              and q.resource.plural == "services"]
+    assert len(posted) == 1 and posted[0].data["spec"]["clusterIP"] == "None"
+    gone = [d for d in cluster.deletions if d["labels"].get("gpupool.io/job-id") == job["id"]]
+    assert sorted(d["labels"]["gpupool.io/rank"] for d in gone) == ["0", "1"]  # finished worker pods removed
 
 
 @pytest.mark.hub

@@ -78,6 +78,29 @@ def device(i, name="NVIDIA A100-SXM4-80GB", total=80 * GiB, used=0, util=0, proc
             "procs": list(procs)}
 
 
+def memory_loop(tmp_path, gpus: int = 1):
+    """A scheduler loop on the real local backend with this NVML stand-in as its reader, for the
+    memory enforcement tests: ``(sessions, fake, backend, loop, service)``; one node of ``gpus``
+    16Gi GPUs, grace 1 s, kill_after 1 s."""
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext.app import Service
+    from gpupool.hub_ext.config import load
+    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.metrics import Metrics
+
+    (tmp_path / "home").mkdir()
+    settings = load({"nodes": [{"name": "box", "gpus": gpus, "gpu_memory": "16Gi"}], "run_as_user": False,
+                     "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+                     "work_dir": str(tmp_path / "home"), "preemption_grace": 1, "kill_after": 1})
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    fake = FakeNVML([device(g, total=16 * GiB) for g in range(gpus)])
+    reader = types.SimpleNamespace(process_memory=lambda i: nvml.process_memory(i, nvml=fake))
+    backend = LocalBackend(settings)
+    loop = SchedulerLoop(settings, sessions, backend, Metrics(), nvml=reader)
+    return sessions, fake, backend, loop, Service(settings, sessions, loop, None, Metrics())
+
+
 def test_gpus_and_node():
     fake = FakeNVML([device(0), device(1, used=3 * GiB, util=55)])
     assert nvml.available(nvml=fake)

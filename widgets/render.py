@@ -262,11 +262,27 @@ def _alloc_text(allocation) -> str:
     return "; ".join(parts)
 
 
-def job_html(job: Mapping, log_tail: str | None = None) -> str:
+def _workers_text(j: Mapping) -> str | None:
+    """A distributed job's workers: ``2 workers: rank 0 on n1 GPU 0, rank 1 on n2 GPU 3``."""
+    pods = int(j.get("pods") or 1)
+    if pods < 2:
+        return None
+    where = [f'rank {w.get("rank")} on {w.get("node")} GPU {",".join(str(g) for g in w.get("gpus") or []) or "-"}'
+             for w in j.get("workers") or [] if w.get("node")]
+    return f"{pods} workers" + (": " + ", ".join(where) if where else " (started together)")
+
+
+def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, str] | None = None) -> str:
     from gpupool.client.jobs import metrics_of
     j = job
+    program = None
+    if j.get("script"):
+        program = " ".join([str(j["script"]), *map(str, j.get("args") or [])])
+    elif j.get("command"):
+        program = " ".join(map(str, j["command"]))
     want = f'{j.get("gpus")} GPU' if j.get("gpu_memory") is None else f'{j.get("gpu_memory")} GPU memory'
-    facts = [("queue", j.get("queue")), ("kind", j.get("kind")), ("asks", want),
+    facts = [("queue", j.get("queue")), ("kind", j.get("kind")), ("asks", want), ("runs", program),
+             ("workers", _workers_text(j)),
              ("position", j.get("position") if j.get("status") == "queued" else None),
              ("on", _alloc_text(j.get("allocation"))), ("parameters", j.get("parameters") or None),
              ("sweep", j.get("sweep")), ("preemptions", j.get("preemptions") or None),
@@ -279,9 +295,12 @@ def job_html(job: Mapping, log_tail: str | None = None) -> str:
                     f'<div>{E(name)} = {fmt_num(pts[-1][1]) if pts else "–"} (step {pts[-1][0] if pts else "–"})</div>'
                     f'{sparkline_svg(pts, 200, 50)}</div>' for name, pts in metrics.items())
     log = ""
-    if log_tail:
-        log = (f'<details><summary>log</summary><pre style="max-height:200px;overflow:auto;font-size:11px">'
-               f'{E(log_tail)}</pre></details>')
+    tails = [("log" if int(j.get("pods") or 1) < 2 else "log (rank 0)", log_tail)]
+    tails += [(f"log (rank {r})", t) for r, t in sorted((rank_logs or {}).items())]
+    for title, tail in tails:
+        if tail:
+            log += (f'<details><summary>{E(title)}</summary><pre style="max-height:200px;overflow:auto;'
+                    f'font-size:11px">{E(tail)}</pre></details>')
     return (f'<div class="gpupool-job" data-job="{E(str(j.get("id")))}" style="{FONT}">'
             f'<div><b>{E(str(j.get("id")))}</b> {E(str(j.get("name") or ""))} {badge(j.get("status"))}</div>'
             f'<div class="gpupool-reason" style="margin:3px 0;color:#444">{E(j.get("reason") or "")}</div>'

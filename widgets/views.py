@@ -190,7 +190,8 @@ class JobsView(_View):
 
 
 class JobView(_View):
-    """One job: status, reason while it waits, allocation, live metric plots and the log's tail.
+    """One job: status, reason while it waits, allocation, live metric plots and the log's tail
+    (a distributed job: its workers, and the tail of every worker's log).
 
     Refreshing stops by itself once the job has finished. A Cancel button cancels the job.
     """
@@ -199,8 +200,8 @@ class JobView(_View):
         from gpupool.client.jobs import Job
         self.job = job if isinstance(job, Job) else Job(job, client=kw.get("client"))
         self.log_lines = log_lines
-        self._log_offset = 0
-        self._log_tail = ""
+        self._log_offset: dict[int, int] = {}  # rank -> bytes read
+        self._log_tail: dict[int, str] = {}
         self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop",
                                       layout=w.Layout(width="auto"))
         self.cancel_button.on_click(lambda _b: self._cancel())
@@ -211,17 +212,20 @@ class JobView(_View):
 
     def fetch(self):
         data = self.job.refresh().data
-        if self.log_lines:
-            try:  # only the new part of the log each time
-                text, self._log_offset = self.job.client.log(self.job.id, self._log_offset)
+        for rank in range(int(data.get("pods") or 1) if self.log_lines else 0):
+            try:  # only the new part of each worker's log each time
+                text, self._log_offset[rank] = self.job.client.log(self.job.id, self._log_offset.get(rank, 0),
+                                                                   rank=rank or None)
                 if text:
-                    self._log_tail = "".join((self._log_tail + text).splitlines(keepends=True)[-self.log_lines:])
+                    tail = self._log_tail.get(rank, "") + text
+                    self._log_tail[rank] = "".join(tail.splitlines(keepends=True)[-self.log_lines:])
             except Exception:
                 pass
-        return {"job": data, "log": self._log_tail or None}
+        return {"job": data, "log": self._log_tail.get(0) or None,
+                "rank_logs": {r: t for r, t in self._log_tail.items() if r and t}}
 
     def render(self, data):
-        return render.job_html(data["job"], data.get("log"))
+        return render.job_html(data["job"], data.get("log"), data.get("rank_logs"))
 
     def show(self, data):
         super().show(data)

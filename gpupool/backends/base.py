@@ -32,10 +32,23 @@ Rules for implementations:
   ``inventory.changed`` asyncio.Event the loop waits on to run a cycle when nodes change.
 * Exit code convention: 0 = the notebook ran to the end; anything else is a failure, unless the
   loop asked the run to stop (then the job is requeued or cancelled, whatever the code).
+
+Programs: ``spec.command`` is None for a notebook (the backend runs papermill on
+``spec.notebook``) or the argv of a script or command job; a leading ``python`` / ``python3`` means
+the job's interpreter (the one papermill runs with), see :func:`program_argv`.
+
+Distributed jobs (``spec.pods`` > 1, a gang): the backend starts one *worker* per placement, all
+of them or none, each with ``spec.env``, its own ``spec.worker_env[rank]`` (its pod's GPUs) and
+the rendezvous variables of :func:`gpupool.distributed.worker_env`; worker ``rank`` writes
+:func:`worker_file` of the log, the output notebook and the exit status. The run is one unit:
+``poll`` reports it running until every worker has ended, and once one worker fails the backend
+stops the others (:func:`gang_state` decides); ``request_checkpoint`` and ``terminate`` reach
+every worker.
 """
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +82,15 @@ class JobSpec:
     kind: str = ""  # train | build | inference ... (Kubernetes: the gpupool.io/kind label)
     cpu: float = 0.0  # CPU cores the job asked for (0: the backend's default)
     memory: int = 0  # bytes of memory the job asked for (0: the backend's default)
+    command: list[str] | None = None  # None: papermill runs ``notebook``; else a script/command job's argv
+    pods: int = 1  # workers (a gang when > 1): one per entry of ``placements``
+    worker_env: list[dict[str, str]] = field(default_factory=list)  # per rank: its pod's GPU variables
+
+    def worker_log(self, rank: int) -> str:
+        return worker_file(self.log, rank)
+
+    def worker_output(self, rank: int) -> str:
+        return worker_file(self.output, rank)
 
 
 @dataclass
@@ -76,6 +98,62 @@ class RunState:
     state: str  # RUNNING | EXITED | LOST
     exit_code: int | None = None
     detail: str = ""  # a sentence for the job's reason (e.g. "killed by signal 9")
+    rank: int | None = None  # a gang: the worker whose end ended the run
+
+
+def worker_file(path: str, rank: int) -> str:
+    """Worker ``rank``'s copy of a job file: ``log.txt`` for rank 0 (single-worker jobs keep their
+    layout), ``log-rank1.txt`` for rank 1; likewise ``output.ipynb`` and ``exit.json``."""
+    if not rank:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}-rank{int(rank)}{ext}"
+
+
+PYTHON_NAMES = ("python", "python3")
+
+
+def worker_run_id(run_id: str, rank: int) -> str:
+    """The run id of worker ``rank`` (it tags the worker's processes or pod; each worker's runner
+    cleans up only its own): the run's id for rank 0, ``<run id>.r<rank>`` for the others."""
+    return run_id if not rank else f"{run_id}.r{int(rank)}"
+
+
+def program_argv(command: list[str] | None, python: str, notebook_cmd: list[str]) -> list[str]:
+    """What a worker runs: ``notebook_cmd`` (papermill) for a notebook job (``command`` None),
+    else the command with a leading ``python``/``python3`` replaced by ``python`` (the job
+    interpreter)."""
+    if command is None:
+        return notebook_cmd
+    argv = list(command)
+    if argv and argv[0] in PYTHON_NAMES:
+        argv[0] = python
+    return argv
+
+
+def gang_state(states: list[RunState], cause: int | None = None) -> tuple[RunState, int | None]:
+    """The state of a gang from its workers' states (index = rank), and the rank whose failure
+    ends it (``cause``: the one recorded by an earlier poll, kept so the workers stopped because
+    of it are not blamed). The run is RUNNING while any worker runs; when one has failed while
+    others run, the caller must stop them (the returned cause is not None and the state is
+    RUNNING). A worker killed by a signal or gone (LOST) is the preferred cause over one that
+    exited with an error (its peers' errors usually follow from its death); the gang is then
+    LOST, so the loop requeues it. Every worker done with status 0: EXITED 0."""
+    failed = [r for r, s in enumerate(states) if s.state == LOST or (s.state == EXITED and s.exit_code != 0)]
+    if cause is None and failed:
+        died = [r for r in failed if states[r].state == LOST or (states[r].exit_code or 0) > 128]
+        cause = (died or failed)[0]
+    if any(s.state == RUNNING for s in states):
+        detail = f"stopping every worker: worker {cause} ended ({states[cause].detail})" if cause is not None else ""
+        return RunState(RUNNING, None, detail), cause
+    if cause is None:
+        return RunState(EXITED, 0, states[0].detail if states else "", rank=None), None
+    s = states[cause]
+    n = len(states)
+    detail = f"worker {cause} of {n}: {s.detail}; the other workers were stopped"
+    if s.state == LOST or (s.exit_code or 0) > 128:
+        return RunState(LOST, s.exit_code, detail, rank=cause), cause
+    return RunState(EXITED, s.exit_code, detail, rank=cause), cause
 
 
 class JobBackend(abc.ABC):

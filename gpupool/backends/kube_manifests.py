@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..scheduler.model import PodPlacement
+from .base import program_argv, worker_file
 
 GROUP = "gpupool.io"
 LABEL_MANAGED = f"{GROUP}/managed"
@@ -271,6 +272,13 @@ class JobPodSpec:
     extra_labels: dict[str, str] = field(default_factory=dict)
     extra_annotations: dict[str, str] = field(default_factory=dict)
     python: str = "python3"
+    # a distributed job: this pod is worker ``rank`` (``run_id``, ``log`` and ``output`` are that
+    # worker's); ``gang`` labels every pod of the run (the headless Service selects them) and
+    # ``subdomain`` is that Service, so the pod is reachable as <pod name>.<subdomain>
+    rank: int = 0
+    gang: str = ""
+    subdomain: str = ""
+    command: list[str] | None = None  # a script/command job's argv (None: papermill on ``notebook``)
 
 
 LABEL_RUN = f"{GROUP}/run-id"
@@ -286,9 +294,41 @@ def job_pod_name(run_id: str) -> str:
     return dns_name(f"gpupool-{run_id}".lower().replace(".", "-"))
 
 
-def exit_file(job_dir: str, attempt: int) -> str:
-    """Where the run writes its exit status (the local backend's runner layout)."""
-    return f"{job_dir.rstrip('/')}/runs/{int(attempt)}/exit.json"
+def exit_file(job_dir: str, attempt: int, rank: int = 0) -> str:
+    """Where the run (worker ``rank``) writes its exit status (the local backend's runner layout)."""
+    return worker_file(f"{job_dir.rstrip('/')}/runs/{int(attempt)}/exit.json", rank)
+
+
+LABEL_GANG = f"{GROUP}/gang"
+LABEL_RANK = f"{GROUP}/rank"
+
+
+def gang_service_name(run_id: str) -> str:
+    """The headless Service of a distributed run (``gpupool-j-000042-3-...``)."""
+    return job_pod_name(run_id)
+
+
+def gang_service_manifest(pod: dict[str, Any], run_id: str, port: int) -> dict[str, Any]:
+    """The headless Service that gives every worker pod of a run a DNS name
+    (``<pod>.<service>.<namespace>.svc``) for the rendezvous; owned by rank 0's pod (created, so
+    with its uid), so Kubernetes deletes it with that pod. It publishes pods before they are ready:
+    the workers must find rank 0 while they start."""
+    meta = pod["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": gang_service_name(run_id),
+            "namespace": meta.get("namespace", "default"),
+            "labels": {k: v for k, v in meta.get("labels", {}).items() if k.startswith(GROUP) and k != LABEL_RANK
+                       and k != LABEL_RUN},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                                 "blockOwnerDeletion": False}],
+        },
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {LABEL_GANG: meta["labels"][LABEL_GANG]},
+                 "ports": [{"name": "rendezvous", "port": int(port), "targetPort": int(port), "protocol": "TCP"}]},
+    }
 
 
 def job_secret_name(run_id: str) -> str:
@@ -319,11 +359,13 @@ def _quantity_cpu(cpu: float) -> str:
 
 
 def papermill_command(spec: JobPodSpec) -> list[str]:
+    """What the pod runs: papermill on the notebook (writing this worker's output), or the job's
+    script / command (a leading ``python`` is the image's ``spec.python``)."""
     cmd = [spec.python, "-m", "papermill", spec.notebook, spec.output, "-y", json.dumps(spec.parameters or {}),
            "--cwd", spec.home_mount, "--log-output", "--no-progress-bar"]
     if spec.kernel_name:
         cmd += ["-k", spec.kernel_name]
-    return cmd
+    return program_argv(spec.command, spec.python, cmd)
 
 
 def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
@@ -373,7 +415,7 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         volumes.append({"name": "gpupool-jobs", "persistentVolumeClaim": {"claimName": spec.jobs_claim}})
         mounts.append({"name": "gpupool-jobs", "mountPath": spec.jobs_mount})
 
-    args = ["run-job", "--exit-file", exit_file(spec.job_dir, spec.attempt), "--log", spec.log,
+    args = ["run-job", "--exit-file", exit_file(spec.job_dir, spec.attempt, spec.rank), "--log", spec.log,
             "--run-id", spec.run_id, "--stop-file", spec.stop_file, "--grace", f"{float(spec.grace_seconds):g}",
             "--", *papermill_command(spec)]
     container: dict[str, Any] = {
@@ -399,6 +441,9 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
 
     labels = gpupool_labels(job_id=spec.job_id, user=spec.user, queue=spec.queue, kind=spec.kind)
     labels[LABEL_RUN] = label_value(spec.run_id)
+    if spec.gang:
+        labels[LABEL_GANG] = label_value(spec.gang)
+        labels[LABEL_RANK] = str(int(spec.rank))
     labels.update(spec.extra_labels)
     gpu_ids = gpu_ids_for(p, spec.gpu_uuids) if 0 < p.fraction < 1.0 else []
     annotations = gpupool_annotations(job_id=spec.job_id, user=spec.user, queue=spec.queue,
@@ -430,6 +475,9 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         pod_spec["priorityClassName"] = spec.priority_class
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    if spec.subdomain:  # a worker of a distributed job: reachable as <hostname>.<subdomain>
+        pod_spec["hostname"] = job_pod_name(spec.run_id)
+        pod_spec["subdomain"] = spec.subdomain
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -45,7 +45,7 @@ from traitlets.config import Config, LoggingConfigurable
 from ..scheduler.model import NodeSpec, PodPlacement
 from ..scheduler.units import parse_bytes, parse_cpu
 from . import kube_manifests as km
-from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState
+from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, worker_run_id
 
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TERMINAL = ("Succeeded", "Failed")
@@ -114,6 +114,13 @@ class GPUPoolKubernetes(LoggingConfigurable):
     pending_timeout = Float(600.0, help="""Seconds a job pod may wait for its node (unschedulable)
         before the job is requeued, or fail to pull its image before the job fails.""").tag(config=True)
     request_timeout = Float(30.0, help="Seconds an API request may take.").tag(config=True)
+
+    # distributed jobs
+    rendezvous_host = Unicode("{pod}.{service}.{namespace}.svc", help="""MASTER_ADDR of a
+        distributed job's workers: rank 0's pod in the job's headless Service. ``{pod}``,
+        ``{service}`` and ``{namespace}`` are filled in; append your cluster domain if pods do not
+        resolve the short form (e.g. ``{pod}.{service}.{namespace}.svc.cluster.local``).""").tag(config=True)
+    rendezvous_port = Integer(29500, help="MASTER_PORT of a distributed job's workers (rank 0 listens on it in its pod).").tag(config=True)
 
 
 def load_settings(config: Config | None = None, log: Any = None) -> GPUPoolKubernetes:
@@ -537,6 +544,8 @@ class KubeJobBackend(JobBackend):
         self._pending_since: dict[str, float] = {}
         self._gone: set[str] = set()  # uids of pods the watch saw deleted
         self._final: dict[str, RunState] = {}  # run id -> how it ended (poll is idempotent)
+        self._causes: dict[str, int] = {}  # gang run id -> the rank whose failure stops it
+        self._gang_stop: dict[str, float] = {}  # gang run id -> when its workers were first deleted
         if self.kube.discovery not in ("kubernetes", "declared"):
             raise ValueError(f"c.GPUPoolKubernetes.discovery: {self.kube.discovery!r} is neither 'kubernetes' nor 'declared'")
         if self.kube.discovery == "kubernetes" and settings is not None and isinstance(getattr(settings, "nodes", None), list):
@@ -639,10 +648,12 @@ class KubeJobBackend(JobBackend):
             slug = km.dns_name(user.lower())
         return self.kube.home_claim.format(username=slug, user=slug)
 
-    def pod_spec(self, spec: JobSpec, image: str) -> km.JobPodSpec:
-        """The pod description for ``spec`` (pure apart from settings and the inventory)."""
+    def pod_spec(self, spec: JobSpec, image: str, rank: int = 0, rendezvous: dict | None = None,
+                 service: str = "") -> km.JobPodSpec:
+        """The pod description for ``spec`` (worker ``rank`` of a distributed job, with its
+        ``rendezvous`` variables and headless ``service``); pure apart from settings and the inventory."""
         if spec.placements:
-            p = spec.placements[0]
+            p = spec.placements[rank]
             placement = PodPlacement(pod=int(p.get("pod", 0)), node=str(p["node"]), gpus=tuple(p.get("gpus", ())),
                                      fraction=float(p.get("fraction", 1.0)))
         else:
@@ -650,14 +661,18 @@ class KubeJobBackend(JobBackend):
         uuids, gpu_memory = self._node_info(placement.node)
         job_root = os.path.dirname(spec.job_dir.rstrip("/"))
         env = dict(spec.env)
+        if rank < len(spec.worker_env):
+            env.update(spec.worker_env[rank])
+        env.update(rendezvous or {})
         env.setdefault("JUPYTERHUB_USER", spec.user)
         if self.kube.api_url:
             env["GPUPOOL_API_URL"] = self.kube.api_url
         memory = spec.memory or (parse_bytes(self.kube.memory) if self.kube.memory else 0)
         pod = km.JobPodSpec(
-            job_id=spec.job_id, run_id=spec.run_id, user=spec.user, queue=spec.queue,
-            kind=spec.kind or "train", image=image, placement=placement,
-            notebook=spec.notebook, output=spec.output, log=spec.log, job_dir=spec.job_dir,
+            job_id=spec.job_id, run_id=worker_run_id(spec.run_id, rank), user=spec.user, queue=spec.queue,
+            kind=spec.kind or "train", image=image, placement=placement, rank=rank, command=spec.command,
+            gang=spec.run_id if spec.pods > 1 else "", subdomain=service,
+            notebook=spec.notebook, output=spec.worker_output(rank), log=spec.worker_log(rank), job_dir=spec.job_dir,
             checkpoint_dir=spec.checkpoint_dir, stop_file=spec.stop_file, namespace=self.namespace,
             attempt=spec.attempt, parameters=dict(spec.parameters or {}), env=env, gpu_uuids=uuids,
             gpu_memory=gpu_memory, cpu=float(spec.cpu or self.kube.cpu), memory=int(memory),
@@ -682,8 +697,8 @@ class KubeJobBackend(JobBackend):
                 "started": time.time()}
 
     async def start(self, spec: JobSpec) -> dict:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
+        """Create the run's pod, or every worker's pod and the headless Service of a distributed
+        run (all or none: a pod that cannot be created takes the others down with it)."""
         await self.start_watching()
         image = await self._user_image(spec.user) or self.kube.image or os.environ.get("GPUPOOL_JOB_IMAGE", "")
         if not image:
@@ -694,12 +709,52 @@ class KubeJobBackend(JobBackend):
                 os.makedirs(path, exist_ok=True)
             except OSError:
                 pass
-        for stale in (spec.stop_file, km.exit_file(spec.job_dir, spec.attempt)):
+        pods = max(1, int(spec.pods or 1))
+        for stale in [spec.stop_file] + [km.exit_file(spec.job_dir, spec.attempt, r) for r in range(pods)]:
             try:
                 os.unlink(stale)
             except OSError:
                 pass
-        manifest = km.job_pod_manifest(self.pod_spec(spec, image))
+        if pods == 1:
+            return (await self._start_worker(spec, self.pod_spec(spec, image)))[0]
+        from ..distributed import worker_env
+
+        service = km.gang_service_name(spec.run_id)
+        port = self.kube.rendezvous_port
+        master = self.kube.rendezvous_host.format(pod=km.job_pod_name(spec.run_id), service=service,
+                                                  namespace=self.namespace)
+        handles: list[dict] = []
+        try:
+            for rank in range(pods):
+                env = worker_env(spec.placements, rank, master, port)
+                handle, raw = await self._start_worker(spec, self.pod_spec(spec, image, rank, env, service))
+                handles.append(handle)
+                if rank == 0:
+                    await self._create(self.core.create_namespaced_service, km.gang_service_manifest(raw, spec.run_id, port),
+                                       "the job's headless Service")
+        except BaseException:
+            for h in handles:
+                await self._delete(h.get("pod"), 0)
+            raise
+        handle = dict(handles[0])
+        handle["workers"] = handles[1:]
+        return handle
+
+    async def _create(self, fn: Any, manifest: dict, what: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await fn(self.namespace, manifest, _request_timeout=self.kube.request_timeout)
+        except ApiException as e:
+            if e.status != 409:  # 409: a retry after a lost reply
+                raise RuntimeError(f"Kubernetes refused {what}: {_api_message(e)}") from None
+
+    async def _start_worker(self, spec: JobSpec, pod_spec: km.JobPodSpec) -> tuple[dict, dict]:
+        """Create one pod (and the Secret with its credentials); its handle and the created pod."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        run_id = pod_spec.run_id
+        manifest = km.job_pod_manifest(pod_spec)
         try:
             pod = await self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False,
                                                         _request_timeout=self.kube.request_timeout)
@@ -714,20 +769,19 @@ class KubeJobBackend(JobBackend):
         secret = {k: str(spec.env[k]) for k in km.SECRET_ENV if k in spec.env}
         if secret:  # the pod waits (CreateContainerConfigError) until its Secret exists
             try:
-                await self.core.create_namespaced_secret(self.namespace, km.job_secret_manifest(raw, secret),
-                                                         _request_timeout=self.kube.request_timeout)
-            except ApiException as e:
-                if e.status != 409:
-                    await self._delete(raw["metadata"]["name"], 0)
-                    raise RuntimeError(f"Kubernetes refused the job's Secret: {_api_message(e)}") from None
-        self._last[spec.run_id] = raw
-        self._stopping.discard(spec.run_id)
-        self._final.pop(spec.run_id, None)
+                await self._create(self.core.create_namespaced_secret, km.job_secret_manifest(raw, secret),
+                                   "the job's Secret")
+            except RuntimeError:
+                await self._delete(raw["metadata"]["name"], 0)
+                raise
+        self._last[run_id] = raw
+        self._stopping.discard(run_id)
+        self._final.pop(run_id, None)
         handle = self._handle(raw)
-        handle["run_id"] = spec.run_id
-        handle["exit_file"] = km.exit_file(spec.job_dir, spec.attempt)
-        handle["log"] = spec.log
-        return handle
+        handle["run_id"] = run_id
+        handle["exit_file"] = km.exit_file(spec.job_dir, spec.attempt, pod_spec.rank)
+        handle["log"] = pod_spec.log
+        return handle, raw
 
     async def _read_pod(self, name: str) -> dict | None:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -792,6 +846,27 @@ class KubeJobBackend(JobBackend):
 
     async def poll(self, handle: dict) -> RunState:
         await self.start_watching()
+        if "workers" not in handle:
+            return await self._poll_worker(handle)
+        workers = [handle, *handle["workers"]]
+        run_id = handle.get("run_id", "")
+        state, cause = gang_state([await self._poll_worker(h) for h in workers], self._causes.get(run_id))
+        if cause is None:
+            return state
+        self._causes[run_id] = cause
+        if state.state == RUNNING:  # one worker failed: the gang stops as a unit (grace, then at once)
+            first = self._gang_stop.setdefault(run_id, time.monotonic())
+            grace = 0 if time.monotonic() - first >= float(self._pool("kill_after", 5.0)) else float(self._pool("kill_after", 5.0))
+            for h in workers:
+                if h.get("run_id") not in self._final:
+                    self._stopping.add(h.get("run_id", ""))
+                    await self._delete(h.get("pod"), grace)
+        else:
+            self._causes.pop(run_id, None)
+            self._gang_stop.pop(run_id, None)
+        return state
+
+    async def _poll_worker(self, handle: dict) -> RunState:
         run_id = handle.get("run_id", "")
         if run_id in self._final:  # an ended run stays ended, whatever happens to its pod afterwards
             return self._final[run_id]
@@ -864,16 +939,18 @@ class KubeJobBackend(JobBackend):
             os.replace(tmp, spec.stop_file)
         except OSError as e:
             self.log.info("gpupool: stop file %s not written here (%s); the pod writes it on SIGTERM", spec.stop_file, e)
-        self._stopping.add(handle.get("run_id", ""))
         grace = float(self._pool("preemption_grace", 30.0)) + float(self._pool("kill_after", 5.0))
-        await self._delete(handle.get("pod"), grace)
+        for h in [handle, *handle.get("workers", [])]:  # every worker of a distributed run
+            self._stopping.add(h.get("run_id", ""))
+            await self._delete(h.get("pod"), grace)
 
     async def terminate(self, handle: dict, force: bool = False) -> None:
         """Delete the pod: with ``kill_after`` seconds of grace (a second delete shortens a
         running grace period), or at once with ``force``."""
         await self.start_watching()
-        self._stopping.add(handle.get("run_id", ""))
-        await self._delete(handle.get("pod"), 0 if force else float(self._pool("kill_after", 5.0)))
+        for h in [handle, *handle.get("workers", [])]:
+            self._stopping.add(h.get("run_id", ""))
+            await self._delete(h.get("pod"), 0 if force else float(self._pool("kill_after", 5.0)))
 
     async def list_runs(self) -> list[dict]:
         """Handles of every gpupool job pod in the namespace (for orphans the database lacks)."""
@@ -885,19 +962,34 @@ class KubeJobBackend(JobBackend):
         await self.start_watching()
         assert self._jobs is not None
         await self._jobs.relist()
+        pods = max(1, int(spec.pods or 1))
+        found = [self._adopt_worker(spec, rank, handle) for rank in range(pods)]
+        if pods == 1:
+            return found[0]
+        new = dict(found[0][0])
+        new["workers"] = [h for h, _ in found[1:]]
+        state, cause = gang_state([st for _, st in found])
+        if cause is not None and state.state == RUNNING:
+            return new, await self.poll(new)  # a worker ended while the service was down: stop the others
+        return new, state
+
+    def _adopt_worker(self, spec: JobSpec, rank: int, handle: dict | None) -> tuple[dict, RunState]:
+        run_id = worker_run_id(spec.run_id, rank)
         found = [p for p in self._jobs.items.values()
-                 if (p.get("metadata", {}).get("annotations") or {}).get(f"{km.GROUP}/run-id") == spec.run_id]
-        exit_path = km.exit_file(spec.job_dir, spec.attempt)
+                 if (p.get("metadata", {}).get("annotations") or {}).get(f"{km.GROUP}/run-id") == run_id]
+        exit_path = km.exit_file(spec.job_dir, spec.attempt, rank)
         if found:
             new = self._handle(found[0])
-            new["run_id"] = spec.run_id
+            new["run_id"] = run_id
             new["exit_file"] = exit_path
-            self._last[spec.run_id] = found[0]
+            self._last[run_id] = found[0]
             return new, self._state_of(new, found[0])
+        old = next((h for h in ([handle, *handle.get("workers", [])] if handle else []) if h.get("run_id") == run_id),
+                   None) or {"run_id": run_id, "exit_file": exit_path, "pod": km.job_pod_name(run_id)}
         code = read_exit_code(exit_path)
         if code is not None:
-            return handle, RunState(EXITED, code, describe_exit(code))
-        return handle, RunState(LOST, None, "its pod was gone when the gpupool service restarted")
+            return old, RunState(EXITED, code, describe_exit(code))
+        return old, RunState(LOST, None, "its pod was gone when the gpupool service restarted")
 
     async def pod_log(self, handle: dict, limit_bytes: int = 65536) -> str:
         """The container's log from the API (``kubectl logs``): useful when the pod failed

@@ -22,7 +22,8 @@ import sys
 import time
 from typing import Any
 
-from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState
+from .base import (EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, program_argv, worker_file,
+                   worker_run_id)
 
 RUN_ENV = "GPUPOOL_RUN_ID"
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
@@ -116,7 +117,9 @@ class LocalBackend(JobBackend):
 
     def __init__(self, settings: Any = None, log: Any = None):
         super().__init__(settings, log)
-        self._procs: dict[str, subprocess.Popen] = {}  # run_id -> our child (for reaping)
+        self._procs: dict[str, subprocess.Popen] = {}  # worker run id -> our child (for reaping)
+        self._causes: dict[str, int] = {}  # gang run id -> the rank whose failure stops it
+        self._stopping: dict[str, float] = {}  # gang run id -> when its workers were first told to stop
 
     def _env(self, spec: JobSpec, home: str) -> dict[str, str]:
         env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
@@ -130,11 +133,13 @@ class LocalBackend(JobBackend):
         return await asyncio.get_running_loop().run_in_executor(None, self._start, spec)
 
     def _start(self, spec: JobSpec) -> dict:
+        """Start every worker of the run (one for a plain job); all or none: a worker that cannot
+        start takes the ones already started down with it."""
         run_dir = os.path.join(spec.job_dir, "runs", str(spec.attempt))
         os.makedirs(run_dir, exist_ok=True)
         os.makedirs(spec.checkpoint_dir, exist_ok=True)
-        exit_file = os.path.join(run_dir, "exit.json")
-        for stale in (exit_file, spec.stop_file):
+        pods = max(1, int(spec.pods or 1))
+        for stale in [worker_file(os.path.join(run_dir, "exit.json"), r) for r in range(pods)] + [spec.stop_file]:
             try:
                 os.unlink(stale)
             except FileNotFoundError:
@@ -142,13 +147,6 @@ class LocalBackend(JobBackend):
         params = os.path.join(run_dir, "parameters.json")
         with open(params, "w") as f:
             json.dump(spec.parameters or {}, f)
-        python = spec.python or sys.executable
-        cmd = [python, "-m", "papermill", spec.notebook, spec.output, "-f", params, "--cwd", spec.workdir,
-               "--log-output", "--no-progress-bar"]
-        if spec.kernel_name:
-            cmd += ["-k", spec.kernel_name]
-        runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file, "--log", spec.log,
-                  "--run-id", spec.run_id, "--", *cmd]
         kwargs: dict[str, Any] = {}
         home = spec.workdir
         if spec.run_as:
@@ -163,19 +161,77 @@ class LocalBackend(JobBackend):
             kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid))
             for path in (spec.job_dir, run_dir, spec.checkpoint_dir, os.path.dirname(spec.stop_file)):
                 os.chown(path, pw.pw_uid, pw.pw_gid)
-            for path in (spec.log, spec.output):
+            for path in [worker_file(p, r) for p in (spec.log, spec.output) for r in range(pods)]:
                 if os.path.exists(path):
                     os.chown(path, pw.pw_uid, pw.pw_gid)
         if not os.path.isdir(spec.workdir):
             raise RuntimeError(f"the working directory {spec.workdir} does not exist")
-        proc = subprocess.Popen(runner, cwd=spec.workdir, env=self._env(spec, home), start_new_session=True,
+        rendezvous = {}
+        if pods > 1:
+            from ..distributed import worker_env
+
+            port = free_port()
+            rendezvous = {r: worker_env(spec.placements, r, "127.0.0.1", port) for r in range(pods)}
+        handles: list[dict] = []
+        try:
+            for rank in range(pods):
+                handles.append(self._start_worker(spec, rank, run_dir, params, home, rendezvous.get(rank, {}), kwargs))
+        except BaseException:
+            for h in handles:
+                _signal_run(h["run_id"], h.get("pgid"), signal.SIGKILL)
+            raise
+        handle = dict(handles[0])
+        if pods > 1:
+            handle["workers"] = handles[1:]
+        return handle
+
+    def _start_worker(self, spec: JobSpec, rank: int, run_dir: str, params: str, home: str, rendezvous: dict,
+                      kwargs: dict) -> dict:
+        python = spec.python or sys.executable
+        cmd = [python, "-m", "papermill", spec.notebook, spec.worker_output(rank), "-f", params, "--cwd",
+               spec.workdir, "--log-output", "--no-progress-bar"]
+        if spec.kernel_name:
+            cmd += ["-k", spec.kernel_name]
+        cmd = program_argv(spec.command, python, cmd)
+        run_id = worker_run_id(spec.run_id, rank)
+        exit_file = worker_file(os.path.join(run_dir, "exit.json"), rank)
+        runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file,
+                  "--log", spec.worker_log(rank), "--run-id", run_id, "--", *cmd]
+        env = self._env(spec, home)
+        if rank < len(spec.worker_env):
+            env.update(spec.worker_env[rank])
+        env.update(rendezvous)
+        env[RUN_ENV] = run_id
+        proc = subprocess.Popen(runner, cwd=spec.workdir, env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 close_fds=True, **kwargs)
-        self._procs[spec.run_id] = proc
-        return {"pid": proc.pid, "pgid": proc.pid, "run_id": spec.run_id, "exit_file": exit_file,
-                "started": time.time()}
+        self._procs[run_id] = proc
+        return {"pid": proc.pid, "pgid": proc.pid, "run_id": run_id, "exit_file": exit_file, "started": time.time()}
 
     def _state(self, handle: dict) -> RunState:
+        if "workers" not in handle:
+            return self._worker_state(handle)
+        workers = _workers(handle)
+        run_id = handle["run_id"]
+        state, cause = gang_state([self._worker_state(h) for h in workers], self._causes.get(run_id))
+        if cause is None:
+            return state
+        self._causes[run_id] = cause
+        if state.state == RUNNING:  # one worker failed: the gang stops as a unit (SIGTERM, then SIGKILL)
+            first = self._stopping.setdefault(run_id, time.monotonic())
+            force = time.monotonic() - first >= self._kill_after()
+            for h in workers:
+                _signal_run(h["run_id"], h.get("pgid"), signal.SIGKILL if force else signal.SIGTERM)
+        else:
+            self._causes.pop(run_id, None)
+            self._stopping.pop(run_id, None)
+        return state
+
+    def _kill_after(self) -> float:
+        pool = getattr(self.settings, "pool", None)
+        return float(getattr(pool, "kill_after", 5.0) or 0.0)
+
+    def _worker_state(self, handle: dict) -> RunState:
         run_id = handle["run_id"]
         proc = self._procs.get(run_id)
         if proc is not None:
@@ -205,29 +261,57 @@ class LocalBackend(JobBackend):
         os.replace(tmp, spec.stop_file)
 
     async def terminate(self, handle: dict, force: bool = False) -> None:
-        _signal_run(handle["run_id"], handle.get("pgid"), signal.SIGKILL if force else signal.SIGTERM)
+        for h in _workers(handle):
+            _signal_run(h["run_id"], h.get("pgid"), signal.SIGKILL if force else signal.SIGTERM)
 
     async def adopt(self, spec: JobSpec, handle: dict | None) -> tuple[dict | None, RunState]:
-        exit_file = os.path.join(spec.job_dir, "runs", str(spec.attempt), "exit.json")
-        if handle and run_alive(handle.get("pid"), spec.run_id):
+        pods = max(1, int(spec.pods or 1))
+        known = {h["run_id"]: h for h in _workers(handle)} if handle else {}
+        found = [self._adopt_worker(spec, r, known.get(worker_run_id(spec.run_id, r))) for r in range(pods)]
+        if pods == 1:
+            return found[0]
+        handles = [h for h, _ in found]
+        new = dict(handles[0])
+        new["workers"] = handles[1:]
+        return new, self._state(new)
+
+    def _adopt_worker(self, spec: JobSpec, rank: int, handle: dict | None) -> tuple[dict, RunState]:
+        run_id = worker_run_id(spec.run_id, rank)
+        exit_file = worker_file(os.path.join(spec.job_dir, "runs", str(spec.attempt), "exit.json"), rank)
+        if handle and run_alive(handle.get("pid"), run_id):
             return handle, RunState(RUNNING)
-        pids = run_pids(spec.run_id)
+        pids = run_pids(run_id)
         if pids:
             # the runner: our wrapper, leader of its process group (the kernel leads a session too)
             runners = [p for p in pids if _is_runner(p)]
             pid = runners[0] if runners else min(pids)
-            return ({"pid": pid, "pgid": _pgid(pid) or pid, "run_id": spec.run_id, "exit_file": exit_file,
+            return ({"pid": pid, "pgid": _pgid(pid) or pid, "run_id": run_id, "exit_file": exit_file,
                      "started": None}, RunState(RUNNING))
+        handle = handle or {"pid": None, "pgid": None, "run_id": run_id, "exit_file": exit_file, "started": None}
         code = read_exit(exit_file)
         if code is not None:
             return handle, RunState(EXITED, code, _describe(code))
         return handle, RunState(LOST, None, "its process was gone when the gpupool service restarted")
 
     def pids(self, handle: dict) -> set[int]:
-        return set(run_pids(handle["run_id"]))
+        return {pid for h in _workers(handle) for pid in run_pids(h["run_id"])}
 
     async def close(self) -> None:
         self._procs.clear()  # runs keep going; a restarted service adopts them
+
+
+def _workers(handle: dict) -> list[dict]:
+    """Every worker's handle of a run, rank order (a plain run: itself)."""
+    return [handle, *handle.get("workers", [])]
+
+
+def free_port() -> int:
+    """A TCP port free on this machine right now (the rendezvous port of a gang)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _is_runner(pid: int) -> bool:
@@ -244,14 +328,14 @@ def _pgid(pid: int) -> int | None:
 
 def _describe(code: int) -> str:
     if code == 0:
-        return "the notebook ran to the end"
+        return "it ran to the end"
     if code > 128:
         try:
             name = signal.Signals(code - 128).name
         except ValueError:
             name = f"signal {code - 128}"
         return f"it was stopped by {name}"
-    return f"papermill exited with status {code}"
+    return f"it exited with status {code}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -223,10 +223,10 @@ class Client:
     def cancel(self, job_id: str) -> dict:
         return self.request("DELETE", f"jobs/{quote(job_id, safe='')}")
 
-    def log(self, job_id: str, offset: int = 0) -> tuple[str, int]:
-        """(text, next offset) of the job's papermill log from byte ``offset``."""
-        resp = self.request("GET", f"jobs/{quote(job_id, safe='')}/log",
-                            params={"offset": offset} if offset else None, raw=True)
+    def log(self, job_id: str, offset: int = 0, rank: int | None = None) -> tuple[str, int]:
+        """(text, next offset) of the job's log (worker ``rank``'s) from byte ``offset``."""
+        params = {k: v for k, v in (("offset", offset), ("rank", rank)) if v}
+        resp = self.request("GET", f"jobs/{quote(job_id, safe='')}/log", params=params or None, raw=True)
         text = resp.content.decode("utf-8", errors="replace")
         try:
             nxt = int(resp.headers.get("X-Log-Offset", ""))

@@ -58,7 +58,9 @@ def _utf8() -> bool:
 
 
 def _want(j: dict) -> str:
-    return str(j.get("gpu_memory")) if j.get("gpu_memory") else _num(j.get("gpus"))
+    """What a job asks for: ``0.5``, ``8Gi``; ``2x4`` for two workers of four GPUs each."""
+    want = str(j.get("gpu_memory")) if j.get("gpu_memory") else _num(j.get("gpus"))
+    return f'{j["pods"]}x{want}' if (j.get("pods") or 1) > 1 else want
 
 
 def _print_json(obj) -> None:
@@ -90,13 +92,37 @@ def _client(args) -> Client:
 
 
 def cmd_submit(args) -> int:
-    c = _client(args)
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    if not args.command_form and not args.notebook.endswith(".py") and rest:
+        # a notebook takes no arguments: what follows it are options (gpupool submit nb.ipynb --gpus 1)
+        try:
+            args = args._options.parse_args(rest, namespace=args)
+        except SystemExit:
+            raise UsageError(f"{' '.join(rest)!r}: not options of gpupool submit (only a script (.py) or --command "
+                             "PROGRAM takes arguments after it)") from None
+        rest = []
     if args.gpus is not None and args.gpu_memory is not None:
         raise UsageError("give either -g/--gpus or --gpu-memory, not both")
-    body = build_body(args.notebook, gpus=args.gpus, gpu_memory=args.gpu_memory, parameters=parse_params(args.param),
+    target, prog_args = args.notebook, None
+    if args.command_form:
+        target = [args.notebook, *rest]
+    elif args.notebook.endswith(".py"):
+        prog_args = list(rest)
+    elif rest:
+        raise UsageError(f"{' '.join(rest)!r}: only a script (.py) or --command takes arguments after it; "
+                         "give a notebook's parameters with -p NAME=VALUE")
+    if args.param and (args.command_form or prog_args is not None):
+        raise UsageError("-p/--param sets a notebook's parameters; a script or command takes its arguments "
+                         "after its name")
+    if args.pods is not None and args.pods < 1:
+        raise UsageError("--pods: must be at least 1")
+    body = build_body(target, gpus=args.gpus, gpu_memory=args.gpu_memory,
+                      parameters=parse_params(args.param) if args.param else None,
                       queue=args.queue, kind=args.kind, priority=args.priority, name=args.name,
                       checkpoint_on_signal=True if args.checkpoint_on_signal else None,
-                      preemptible=False if args.non_preemptible else None, cpu=args.cpu, memory=args.memory)
+                      preemptible=False if args.non_preemptible else None, cpu=args.cpu, memory=args.memory,
+                      args=prog_args, pods=args.pods)
+    c = _client(args)
     job = Job(c.submit(body), client=c)
     if args.json and not args.wait:
         _print_json(job.data)
@@ -137,10 +163,13 @@ def cmd_describe(args) -> int:
     if args.json:
         _print_json(j)
         return 0
-    fields = [("id", j.get("id")), ("name", j.get("name")), ("user", j.get("user")), ("queue", j.get("queue")),
+    fields: list[tuple[str, Any]] = [("id", j.get("id")), ("name", j.get("name")), ("user", j.get("user")), ("queue", j.get("queue")),
               ("kind", j.get("kind")), ("status", j.get("status")), ("reason", j.get("reason")),
               ("position", j.get("position")), ("gpus", _want(j)), ("priority", j.get("priority")),
               ("preemptible", j.get("preemptible")), ("notebook", j.get("notebook")),
+              ("script", " ".join([j["script"], *(j.get("args") or [])]) if j.get("script") else None),
+              ("command", " ".join(j["command"]) if j.get("command") else None),
+              ("workers", j.get("pods") if (j.get("pods") or 1) > 1 else None),
               ("parameters", json.dumps(j.get("parameters") or {})), ("sweep", j.get("sweep")),
               ("allocation", _alloc(j) or None), ("submitted", j.get("submitted_at")),
               ("started", j.get("started_at")), ("finished", j.get("finished_at")),
@@ -151,6 +180,11 @@ def cmd_describe(args) -> int:
     for k, v in fields:
         if v is not None and v != "":
             print(f"{k + ':':<{width + 1}} {v}")
+    if (j.get("pods") or 1) > 1:
+        print("workers:")
+        for w in j.get("workers") or []:
+            where = f'{w.get("node")} GPUs {",".join(map(str, w.get("gpus") or [])) or "-"}' if w.get("node") else "(not running)"
+            print(f'  rank {w.get("rank")}: {where}  (gpupool logs {j.get("id")} --rank {w.get("rank")})')
     metrics = metrics_of(j.get("metrics") or {})
     if metrics:
         print("metrics:")
@@ -164,10 +198,10 @@ def cmd_logs(args) -> int:
     c = _client(args)
     job = Job({"id": args.job}, client=c)
     if not args.follow:
-        text, _ = c.log(args.job)
+        text, _ = c.log(args.job, rank=args.rank)
         sys.stdout.write(text)
         return 0
-    for chunk in job.follow_logs(poll=1.0):
+    for chunk in job.follow_logs(poll=1.0, rank=args.rank):
         sys.stdout.write(chunk)
         sys.stdout.flush()
     print(f"\n[{job.id} {job.data.get('status')}: {job.data.get('reason') or ''}]", file=sys.stderr)
@@ -279,7 +313,7 @@ def cmd_sweep(args) -> int:
     s = Sweep(args.notebook, space, args.objective, direction=args.direction, trials=args.trials,
               parallel=args.parallel, gpus=args.gpus, gpu_memory=args.gpu_memory, queue=args.queue,
               sampler=args.sampler, pruner=pruner, name=args.name, storage=args.storage,
-              parameters=parse_params(args.param), seed=args.seed, poll=args.poll, client=c)
+              parameters=parse_params(args.param), seed=args.seed, poll=args.poll, client=c, pods=args.pods)
     log = sys.stderr if args.json else sys.stdout
     print(f"sweep {s.name}: {'resumed' if s.resumed else 'started'} ({s.trials_total} trials, {s.parallel} at a time; "
           f"state in {s.storage})", file=log)
@@ -361,16 +395,11 @@ def _guard(fn: Callable) -> Callable:
     return run
 
 
-def register(subparsers) -> None:
-    common = _common()
-
-    def add(name, fn, help, **kw):
-        p = subparsers.add_parser(name, help=help, description=help, parents=[common], **kw)
-        p.set_defaults(func=_guard(fn))
-        return p
-
-    p = add("submit", cmd_submit, "submit a notebook as a GPU job (papermill)")
-    p.add_argument("notebook", help="notebook path (relative to your home on the hub)")
+def _submit_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--command", dest="command_form", action="store_true",
+                   help="run PROGRAM ARGS... as a command, e.g. --command python -m mypkg.train --lr 3e-4")
+    p.add_argument("--pods", "--workers", type=int, dest="pods", metavar="N",
+                   help="run N workers (a distributed job), each with --gpus; they start together")
     p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs: whole (1, 2) or a fraction (0.5)")
     p.add_argument("--gpu-memory", help="GPU memory instead of --gpus, e.g. 8Gi")
     p.add_argument("-q", "--queue", help="queue (default: your first queue)")
@@ -384,6 +413,28 @@ def register(subparsers) -> None:
     p.add_argument("--memory", help="memory, e.g. 16Gi")
     p.add_argument("--wait", action="store_true", help="wait until the job finishes; exit 1 unless it succeeded")
 
+    return p
+
+
+def register(subparsers) -> None:
+    common = _common()
+
+    def add(name, fn, help, **kw):
+        p = subparsers.add_parser(name, help=help, description=help, parents=[common], **kw)
+        p.set_defaults(func=_guard(fn))
+        return p
+
+    p = add("submit", cmd_submit, "submit a notebook (papermill), a Python script or a command as a GPU job",
+            epilog="Options go before the notebook/script; everything after a script (or after --command PROGRAM) "
+                   "is passed to it: gpupool submit --pods 2 --gpus 4 train.py --lr 3e-4")
+    p.add_argument("notebook", metavar="notebook|script",
+                   help="a notebook (.ipynb) or a Python script (.py), relative to your home on the hub; with "
+                        "--command, the program to run (e.g. python)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script or command")
+    _submit_options(p)
+    p.set_defaults(_options=_submit_options(argparse.ArgumentParser(prog="gpupool submit", add_help=False,
+                                                                    parents=[common])))
+
     p = add("list", cmd_list, "list your jobs (running and queued; --all for finished ones)")
     p.add_argument("--all", "-A", action="store_true", help="include finished jobs")
     p.add_argument("--status", choices=ACTIVE + TERMINAL, help="only jobs in this status")
@@ -393,8 +444,9 @@ def register(subparsers) -> None:
     p = add("describe", cmd_describe, "show a job: status, reason, allocation, metrics")
     p.add_argument("job", help="job id, e.g. j-000042")
 
-    p = add("logs", cmd_logs, "print a job's papermill log")
+    p = add("logs", cmd_logs, "print a job's log (papermill's, or the script's output)")
     p.add_argument("job", help="job id")
+    p.add_argument("--rank", type=int, help="a worker of a distributed job (default: rank 0)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job finishes")
 
     p = add("delete", cmd_delete, "cancel jobs (a running job stops with the grace period)")
@@ -416,7 +468,9 @@ def register(subparsers) -> None:
     p.add_argument("--direction", choices=("maximize", "minimize"), default="maximize")
     p.add_argument("--trials", type=int, default=20, help="number of trials (default 20)")
     p.add_argument("--parallel", type=int, default=4, help="trials running at a time (default 4)")
-    p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs per trial")
+    p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs per trial (per worker with --pods)")
+    p.add_argument("--pods", "--workers", type=int, dest="pods", metavar="N",
+                   help="every trial is a distributed job of N workers")
     p.add_argument("--gpu-memory", help="GPU memory per trial instead of --gpus")
     p.add_argument("-q", "--queue", help="queue")
     p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="fixed papermill parameter")

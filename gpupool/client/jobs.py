@@ -130,19 +130,25 @@ class Job:
             if bar is not None:
                 bar.close()
 
-    def logs(self, offset: int = 0) -> str:
-        """Papermill's log of the job so far (from byte ``offset``)."""
-        return self.client.log(self.id, offset)[0]
+    def logs(self, offset: int = 0, rank: int | None = None) -> str:
+        """The job's log so far (from byte ``offset``): papermill's, or the program's output;
+        ``rank`` picks a worker of a distributed job (default: rank 0)."""
+        return self.client.log(self.id, offset, rank=rank)[0]
 
-    def follow_logs(self, poll: float = 1.0) -> Iterator[str]:
-        """Yield new log text as it arrives until the job has finished."""
+    @property
+    def workers(self) -> list[dict]:
+        """The job's workers: ``[{"rank", "node", "gpus", "fraction", "log"}, ...]``."""
+        return self._live("workers") or []
+
+    def follow_logs(self, poll: float = 1.0, rank: int | None = None) -> Iterator[str]:
+        """Yield new log text (of worker ``rank``) as it arrives until the job has finished."""
         offset = 0
         while True:
-            text, offset = self.client.log(self.id, offset)
+            text, offset = self.client.log(self.id, offset, rank=rank)
             if text:
                 yield text
             if self.refresh().status in TERMINAL:
-                text, offset = self.client.log(self.id, offset)
+                text, offset = self.client.log(self.id, offset, rank=rank)
                 if text:
                     yield text
                 return
@@ -210,20 +216,14 @@ def _notebook_ref(notebook) -> dict:
         raise TypeError("notebook must be a path such as 'train.ipynb' or an nbformat notebook dict")
     path = os.fspath(notebook)
     if not path.endswith(".ipynb"):
-        raise GPUPoolError(f"notebook: {path!r} is not a .ipynb file", field="notebook")
+        raise GPUPoolError(f"notebook: {path!r} is not a .ipynb notebook or a .py script (run other programs "
+                           "as a command: a list such as ['bash', 'run.sh'])", field="notebook")
     p = Path(path).expanduser()
     if not p.is_absolute() and p.exists():
         p = p.resolve()
     if p.is_absolute():
         # The service runs papermill relative to the user's home: send a home-relative path.
-        home = Path(os.path.expanduser("~")).resolve()
-        root = os.environ.get("GPUPOOL_NOTEBOOK_ROOT")
-        for base in ([Path(root).resolve()] if root else []) + [home]:
-            try:
-                return {"notebook": str(p.relative_to(base))}
-            except ValueError:
-                continue
-        return {"notebook": str(p)}
+        return {"notebook": _home_relative(p)}
     return {"notebook": path}
 
 
@@ -235,16 +235,58 @@ def _plain(obj):
     return obj
 
 
+def _program_ref(target, args) -> dict | None:
+    """Body fields of a script job (``"train.py"`` + ``args``) or a command job (an argv list);
+    None when ``target`` is a notebook."""
+    if isinstance(target, (list, tuple)):
+        if args is not None:
+            raise GPUPoolError("args: a command takes its arguments in the list itself", field="args")
+        return {"command": [str(a) for a in target]}
+    if isinstance(target, (str, os.PathLike)) and os.fspath(target).endswith(".py"):
+        path = Path(os.fspath(target)).expanduser()
+        body = {"script": _home_relative(path) if path.is_absolute() or path.exists() else os.fspath(target)}
+        if args is not None:
+            if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+                raise GPUPoolError("args: must be a list of strings, e.g. ['--lr', '3e-4']", field="args")
+            body["args"] = [str(a) for a in args]
+        return body
+    if args is not None:
+        raise GPUPoolError("args: only a script (.py) takes args; a notebook takes parameters", field="args")
+    return None
+
+
+def _home_relative(p: Path) -> str:
+    """A local path as the service wants it: relative to the user's home (the job's working
+    directory on the hub), or ``$GPUPOOL_NOTEBOOK_ROOT`` when set."""
+    p = p.resolve()
+    home = Path(os.path.expanduser("~")).resolve()
+    root = os.environ.get("GPUPOOL_NOTEBOOK_ROOT")
+    for base in ([Path(root).resolve()] if root else []) + [home]:
+        try:
+            return str(p.relative_to(base))
+        except ValueError:
+            continue
+    return str(p)
+
+
 def build_body(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | None = None,
                parameters: Mapping[str, Any] | None = None, queue: str | None = None,
                kind: str | None = None, priority: int | None = None, preemptible: bool | None = None,
                checkpoint_on_signal: bool | None = None, name: str | None = None,
                cpu: float | None = None, memory: str | int | None = None, sweep: str | None = None,
-               notebook_content: Mapping | None = None) -> dict:
-    if (notebook is None) == (notebook_content is None):
-        raise GPUPoolError("give exactly one of notebook (a path) or notebook_content (a notebook dict)",
-                           field="notebook")
-    body = _notebook_ref(notebook) if notebook is not None else {"notebook_content": _plain(notebook_content)}
+               notebook_content: Mapping | None = None, args=None, pods: int | None = None) -> dict:
+    program = _program_ref(notebook, args)
+    if program is None and (notebook is None) == (notebook_content is None):
+        raise GPUPoolError("give exactly one of notebook (a path) or notebook_content (a notebook dict), "
+                           "a script (.py) or a command (a list)", field="notebook")
+    if program is not None and notebook_content is not None:
+        raise GPUPoolError("give either a script/command or notebook_content, not both", field="notebook_content")
+    if program is not None:
+        body = program
+    else:
+        body = _notebook_ref(notebook) if notebook is not None else {"notebook_content": _plain(notebook_content)}
+    if pods is not None:
+        body["pods"] = pods
     if parameters is not None:
         if not isinstance(parameters, Mapping):
             raise GPUPoolError("parameters: must be a dict of papermill parameters", field="parameters")
@@ -263,18 +305,23 @@ def submit(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | 
            priority: int | None = None, preemptible: bool | None = None,
            checkpoint_on_signal: bool | None = None, name: str | None = None, cpu: float | None = None,
            memory: str | int | None = None, sweep: str | None = None,
-           notebook_content: Mapping | None = None, client: Client | None = None) -> Job:
-    """Run a notebook as a job in the pool (papermill, with ``parameters``) and return its :class:`Job`.
+           notebook_content: Mapping | None = None, args=None, pods: int | None = None,
+           client: Client | None = None) -> Job:
+    """Run a notebook (papermill, with ``parameters``), a Python script (``"train.py"``, with
+    ``args=[...]``) or a command (``["python", "-m", "mypkg.train", "--lr", "3e-4"]``) as a job in
+    the pool and return its :class:`Job`.
 
     ``gpus`` is whole GPUs or a fraction below 1 (``0.5``); ``gpu_memory`` (``"8Gi"``) asks for a
-    slice by memory instead. ``queue`` defaults to your first queue; ``kind`` is ``train``,
-    ``hpo-trial`` or ``inference``. ``notebook`` is a path relative to your home directory (a local
-    path under your home is converted), or pass ``notebook_content`` (an nbformat notebook dict).
+    slice by memory instead. ``pods=N`` runs N workers, each with that many GPUs, started together
+    with the torch.distributed environment (``gpupool.distributed``). ``queue`` defaults to your
+    first queue; ``kind`` is ``train``, ``hpo-trial`` or ``inference``. A path is relative to your
+    home directory (a local path under your home is converted); or pass ``notebook_content`` (an
+    nbformat notebook dict).
     """
     body = build_body(notebook, gpus=gpus, gpu_memory=gpu_memory, parameters=parameters, queue=queue,
                       kind=kind, priority=priority, preemptible=preemptible,
                       checkpoint_on_signal=checkpoint_on_signal, name=name, cpu=cpu, memory=memory,
-                      sweep=sweep, notebook_content=notebook_content)
+                      sweep=sweep, notebook_content=notebook_content, args=args, pods=pods)
     c = get_client(client)
     return Job(c.submit(body), client=client)
 

@@ -220,7 +220,7 @@ class Sweep:
     def __init__(self, notebook, space, objective, *, direction="maximize", trials=20, parallel=4,
                  gpus=None, gpu_memory=None, queue=None, sampler="tpe", pruner="median", name=None,
                  storage=None, parameters=None, seed=None, poll=2.0, priority=None,
-                 checkpoint_on_signal=None, client: Client | None = None, quiet=True, initial=None):
+                 checkpoint_on_signal=None, client: Client | None = None, quiet=True, initial=None, pods=None):
         import optuna
         if quiet:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -245,7 +245,7 @@ class Sweep:
             raise SweepError(f"name: {name!r} must be letters, digits, '.', '_' or '-' (at most 63)", field="name")
         self.name = name
         self._submit_kw = dict(gpus=gpus, gpu_memory=gpu_memory, queue=queue, priority=priority,
-                               checkpoint_on_signal=checkpoint_on_signal)
+                               checkpoint_on_signal=checkpoint_on_signal, pods=pods)
         # Validate the job body once before touching storage (path / notebook problems surface now).
         build_body(self.notebook, parameters=self.parameters, kind="hpo-trial", sweep=name, **self._submit_kw)
         sampler_obj = make_sampler(sampler, self.dists, seed)
@@ -636,12 +636,13 @@ def sweep(notebook, space: Mapping[str, Any], objective: str, *, direction: str 
           storage=None, parameters: Mapping[str, Any] | None = None, seed: int | None = None,
           poll: float = 2.0, priority: int | None = None, checkpoint_on_signal: bool | None = None,
           block: bool = False, initial: Sequence[Mapping[str, Any]] | None = None,
-          client: Client | None = None) -> Sweep:
+          pods: int | None = None, client: Client | None = None) -> Sweep:
     """Run a hyperparameter sweep over ``notebook``; returns a :class:`Sweep` at once.
 
     ``space`` maps parameter names to ``loguniform``/``uniform``/``intuniform``/``choice`` (or a
     list of values); ``objective`` is the metric the notebook logs with ``gpupool.log_metric``.
-    ``parallel`` trials run at a time, each asking for ``gpus``. ``sampler`` is ``"tpe"``,
+    ``parallel`` trials run at a time, each asking for ``gpus`` (per worker: ``pods=2`` makes every
+    trial a distributed job of two workers started together; log the objective from rank 0). ``sampler`` is ``"tpe"``,
     ``"random"``, ``"grid"`` or an optuna sampler; ``pruner`` ``"median"`` (default), ``"hyperband"``,
     ``"successive_halving"``, ``None`` or an optuna pruner. Give ``name`` to resume the sweep later:
     the study lives in ``storage`` (default ``./.gpupool-sweeps.db``). The driver runs in a
@@ -651,7 +652,7 @@ def sweep(notebook, space: Mapping[str, Any], objective: str, *, direction: str 
     s = Sweep(notebook, space, objective, direction=direction, trials=trials, parallel=parallel, gpus=gpus,
               gpu_memory=gpu_memory, queue=queue, sampler=sampler, pruner=pruner, name=name, storage=storage,
               parameters=parameters, seed=seed, poll=poll, priority=priority,
-              checkpoint_on_signal=checkpoint_on_signal, client=client, initial=initial)
+              checkpoint_on_signal=checkpoint_on_signal, client=client, initial=initial, pods=pods)
     if block:
         s.run()
         if s.status == "failed":
