@@ -230,6 +230,7 @@ class Cycle:
         self._vnodes: dict[str, list[tuple[int, int]]] = {}
         self._vcost: dict[str, float] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
+        self.cache: dict[str, object] = {}  # per-cycle indexes built by actions and policies
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}

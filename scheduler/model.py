@@ -19,6 +19,7 @@ reads a clock itself.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from .reasons import Code, Pending
@@ -79,8 +80,8 @@ class PodPlacement:
     gpus: tuple[int, ...] = ()
     fraction: float = 1.0
 
-    @property
-    def milli(self) -> int:
+    @functools.cached_property
+    def milli(self) -> int:  # cached: hot in every capacity update
         return int(round(self.fraction * MILLI))
 
 

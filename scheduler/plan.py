@@ -223,13 +223,20 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
     return best
 
 
-def plan(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
-         need_freed: float = 0.0) -> tuple[list[Workload], np.ndarray | None] | None:
+def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budget,
+         need_freed: float = 0.0, queues: set[str] | None = None
+         ) -> tuple[list[Workload], np.ndarray | None] | None:
     """Victims whose removal from the future view lets ``c`` fit, losing the least work, and the
-    node mask to place it with; None if there are none. ``need_freed``: GPUs the victims must
-    give back in all (priority preemption at a queue's limit). Nothing changes."""
+    node mask to place it with; None if there are none. The candidates are ``victims``, or (when
+    ``victims`` is None) every preemptible running workload of ``queues``. ``need_freed``: GPUs
+    the victims must give back in all (priority preemption at a queue's limit). Nothing changes."""
     if c.w.pods == 1:
-        return _plan_single(ctx, c, victims, budget, need_freed)
+        return _plan_single(ctx, c, victims, budget, need_freed, queues)
+    if victims is None:
+        _, _, per_node = _index(ctx)
+        seen: set[str] = set()
+        victims = [v for vs in per_node.values() for v in vs
+                   if v.queue in queues and v.id not in ctx.evicted and not (v.id in seen or seen.add(v.id))]
     fut = ctx.future
     free = float(fut.gpu_free[fut.schedulable].sum()) / 1000.0
 
@@ -240,29 +247,57 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
     return None if found is None else (found[1], None)
 
 
-def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
-                 need_freed: float) -> tuple[list[Workload], np.ndarray] | None:
+def _index(ctx: Cycle) -> tuple[dict[str, int], np.ndarray, dict[int, list[Workload]]]:
+    """Preemptible running workloads by node, and the GPU milli each queue's hold on each node
+    (computed once per cycle; victims evicted since are filtered where they are used)."""
+    idx = ctx.cache.get("victim-index")
+    if idx is None:
+        qn = {q: i for i, q in enumerate(ctx.tree.queues)}
+        held = np.zeros((len(qn), len(ctx.future.nodes)), dtype=np.int64)
+        per_node: dict[int, list[Workload]] = {}
+        for v in ctx.preemptible_running():
+            for n, m in ctx.victim_nodes(v):
+                held[qn[v.queue], n] += m
+                per_node.setdefault(n, []).append(v)
+        idx = ctx.cache["victim-index"] = (qn, held, per_node)
+    return idx
+
+
+def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budget,
+                 need_freed: float, queues: set[str] | None) -> tuple[list[Workload], np.ndarray] | None:
     """Plan node by node, examining nodes in order of a lower bound on their cost (the least work
     the fewest victims that could free enough there could lose, that number of victims, the most
     over-quota queue among them) and stopping when no node left can beat the best plan found."""
     fut = ctx.future
-    on_node: dict[int, list[Workload]] = {}
-    for v in victims:
-        for n, _ in ctx.victim_nodes(v):
-            on_node.setdefault(n, []).append(v)
     need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
     free = fut.gpu_free.sum(axis=1)
+    on_node: dict[int, list[Workload]] = {}
+    if victims is None:  # from the cycle's index: nodes where the queues hold enough, first
+        qn, held, per_node = _index(ctx)
+        rows = [qn[q] for q in queues]
+        room = held[rows].sum(axis=0) if rows else np.zeros(len(fut.nodes), dtype=np.int64)
+        ok = (room > 0) & (free + room >= need) & fut.schedulable
+        if c.mask is not None:
+            ok &= c.mask
+        for n in np.nonzero(ok)[0].tolist():
+            vs = [v for v in per_node.get(n, ()) if v.queue in queues and v.id not in ctx.evicted]
+            if vs:
+                on_node[n] = vs
+    else:
+        for v in victims:
+            for n, _ in ctx.victim_nodes(v):
+                on_node.setdefault(n, []).append(v)
     order = []
     for n, vs in on_node.items():
         if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
             continue
         short = need - int(free[n])
-        held = sorted((m for v in vs for node, m in ctx.victim_nodes(v) if node == n), reverse=True)
-        if sum(held) < short:  # even evicting all of them is not enough
+        held_n = sorted((m for v in vs for node, m in ctx.victim_nodes(v) if node == n), reverse=True)
+        if sum(held_n) < short:  # even evicting all of them is not enough
             continue
         k, got = 0, 0
         while got < short or k == 0:
-            got += held[k]
+            got += held_n[k]
             k += 1
         lost = sum(sorted(ctx.victim_cost(v) for v in vs)[:k])
         excess = max(ctx.over(v.queue) for v in vs)

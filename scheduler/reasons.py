@@ -9,8 +9,7 @@ sentences.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .units import format_amount
 
@@ -46,14 +45,14 @@ class Cause(str, enum.Enum):
 IN_MOTION = frozenset({Code.RECLAIMING, Code.PREEMPTING, Code.CONSOLIDATING, Code.RELEASING})
 
 
-@dataclass(frozen=True)
-class Pending:
-    """Why one workload waits: ``code`` plus the numbers behind it (``detail``)."""
+class Pending(NamedTuple):
+    """Why one workload waits: ``code`` plus the numbers behind it (``detail``). A named tuple:
+    one is made per waiting workload per cycle, so it must be cheap."""
 
     code: Code
     queue: str
     position: int = 1
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = {}  # never mutated
 
     def __str__(self) -> str:
         return describe(self)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import heapq
 
-import numpy as np
-
 from ..cycle import Candidate, Cycle, Statement, queue_order, raw_key
 from ..fairshare import EPS
-from ..model import Phase, Workload
+from ..model import MILLI, Phase, Workload
 
 
 def by_queue(workloads: list[Workload]) -> dict[str, list[Workload]]:
@@ -33,9 +31,11 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
         for pos, w in enumerate(lst, 1):
             positions[w.id] = pos
     if ctx.reservations:
+        held_in = {ctx.by_id[wid].queue for wid in ctx.reservations}
         holders = set(ctx.reservations)
         _bind_holders(ctx)
-        queues = {q: [w for w in lst if w.id not in holders] for q, lst in queues.items()}
+        for q in held_in & queues.keys():
+            queues[q] = [w for w in queues[q] if w.id not in holders]
     failed = []
     deferred: dict[str, list[Workload]] = {}
     _allocate_pass(ctx, queues, failed, deferred)
@@ -44,7 +44,9 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
 
 
 def _bind_holders(ctx: Cycle) -> None:
-    """Bind each pending holder into what is held for it, once its victims have released."""
+    """Bind each pending holder into what is held for it, once its victims have released it
+    (or anywhere else it fits now: a cheap probe first, since most holders still wait)."""
+    now = ctx.now
     for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
         w = ctx.by_id[wid]
         if w.phase != Phase.PENDING:
@@ -52,12 +54,13 @@ def _bind_holders(ctx: Cycle) -> None:
         c = ctx.candidate(w)
         ctx.unhold(wid)
         placed = None
-        st = Statement(ctx, ctx.now)
+        st = Statement(ctx, now)
         if ctx.quota_block(c) is None:
-            mine = np.zeros(len(ctx.now.nodes), dtype=bool)
-            for p in r.placements:
-                mine[ctx.now.index[p.node]] = True
-            placed = ctx.place(c.restricted(mine), st) or ctx.place(c, st)
+            if _free_now(ctx, w, r.placements):
+                st.place(w, r.placements)
+                placed = r.placements
+            elif ctx.fits(c, now):
+                placed = ctx.place(c, st)
         if placed is None:
             ctx.rehold(wid)
             ctx.wait(w, r.code, r.detail)
@@ -69,6 +72,19 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
         del ctx.reservations[wid]
         ctx.bind(c, placed)
+
+
+def _free_now(ctx: Cycle, w: Workload, placements) -> bool:
+    """Is every planned placement free in the now view (its victims have released)?"""
+    now = ctx.now
+    cpu = int(round(w.cpu * MILLI))
+    for p in placements:
+        n = now.index[p.node]
+        if now.cpu_free[n] < cpu or now.mem_free[n] < w.memory:
+            return False
+        if any(now.gpu_free[n, g] < p.milli for g in p.gpus):
+            return False
+    return True
 
 
 def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float, float]:

@@ -52,11 +52,10 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             left.append(c)
             continue
         budget = ReclaimBudget(ctx, w.queue, amt)
-        cands = [v for p, vs in pool.items() if p != w.queue and budget.candidate_side(p)
-                 for v in vs if v.id not in ctx.evicted]
-        found = plan(ctx, c, cands, budget) if cands else None
+        sides = {p for p in pool if p != w.queue and budget.candidate_side(p)}
+        found = plan(ctx, c, None, budget, queues=sides) if sides else None
         if found is None:
-            why = _why_not(ctx, c, budget, cands, protected)
+            why = _why_not(ctx, c, budget, sides, protected)
             tried[key] = why
             if why:
                 c.code, c.detail = why
@@ -95,12 +94,15 @@ def _above_share(ctx: Cycle, q: str, cands: list[Candidate]) -> None:
             c.code, c.detail = Code.FAIR_SHARE, {**c.detail, **extra}
 
 
-def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, cands: list[Workload],
+def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, sides: set[str],
              protected: list[Workload]) -> tuple | None:
     """The reason a reclaim found no victims, when there is one more precise than capacity."""
     if budget.refused:
         return Code.RECLAIM_REFUSED, {**c.detail, "holder": budget.refused}
     young = [v for v in protected if v.queue != c.w.queue and budget.candidate_side(v.queue)]
-    if young and plan(ctx, c, cands + young, ReclaimBudget(ctx, c.w.queue, c.amount[0])) is not None:
+    if not young:
+        return None
+    cands = [v for v in ctx.preemptible_running() if v.queue in sides] + young
+    if plan(ctx, c, cands, ReclaimBudget(ctx, c.w.queue, c.amount[0])) is not None:
         return Code.MIN_RUNTIME, {**c.detail, "min_runtime": ctx.cfg.min_runtime}
     return None
