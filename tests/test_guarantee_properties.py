@@ -85,7 +85,7 @@ def scenarios(draw, *, steady: bool = False):
         capacity += g
 
     queues, left = [], capacity
-    dept = draw(st.integers(0, min(left, 6)))
+    dept = draw(st.integers(0, left))
     left -= dept
     a = draw(st.integers(0, dept))
     b = draw(st.integers(0, dept - a))
@@ -93,8 +93,9 @@ def scenarios(draw, *, steady: bool = False):
     queues.append({"name": "p1", "parent": "dept", "deserved": {"gpu": a}})
     queues.append({"name": "p2", "parent": "dept", "deserved": {"gpu": b},
                    "over_quota_weight": draw(st.sampled_from([1, 2]))})
-    for i in range(draw(st.integers(1, 2))):
-        d = draw(st.integers(0, left))
+    tops = draw(st.integers(1, 2))
+    for i in range(tops):
+        d = left if i == tops - 1 and draw(st.booleans()) else draw(st.integers(0, left))
         left -= d
         queues.append({"name": f"q{i}", "deserved": {"gpu": d}, "over_quota_weight": draw(st.sampled_from([1, 2])),
                        "priority": draw(st.sampled_from([0, 0, 1]))})
