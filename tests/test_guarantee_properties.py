@@ -360,3 +360,11 @@ def test_regress_issue2_guaranteed_gang_not_starved_by_small_borrowers():
     late, report = liveness_failures(scenario_data("regress_issue2_gang_starved"))
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
+
+
+@pytest.mark.xfail(strict=True, reason="issue 8 failure 1: a reclaim that takes a borrower below its own "
+                   "deserved quota; the victim re-binds on the GPUs it released and is evicted every grace period")
+def test_regress_no_endless_reclaim_when_the_reclaimer_is_fragmented():
+    report = simulate(parse_scenario(scenario_data("regress_endless_reclaim_fragmented")))
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)
