@@ -42,10 +42,12 @@ Properties:
 * **Steady state.** Arrivals stop at ``T`` and nothing finishes (long durations): from
   ``T + 6 * (preemption_grace + min_runtime) + 30 * cycle`` on, no eviction is decided.
 
-CI runs ``GUARANTEE_EXAMPLES`` (default 400 liveness + 400 stability + 150 steady-state...
-see ``N`` below) examples; set ``GUARANTEE_EXAMPLES=2000`` to hunt counterexamples. Counterexamples
-found are kept as tests/scenarios/regress_*.yaml with a strict xfail test each at the end of this
-file.
+Each property runs ``GUARANTEE_EXAMPLES`` examples (default 400, the CI count); hunt with e.g.
+``GUARANTEE_EXAMPLES=2000`` and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
+scenario it takes minutes). Counterexamples are kept as tests/scenarios/regress_*.yaml, each with a
+strict-xfail test at the end of this file; the stability property is a strict xfail too while the
+core still thrashes (issue 8). The steady-state property passes its 400 CI examples but a longer
+hunt finds failures (regress_steady_priority_preemption).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler.model import MILLI
@@ -67,9 +69,19 @@ N = int(os.environ.get("GUARANTEE_EXAMPLES", "400"))
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
+SHRINK = os.environ.get("GUARANTEE_SHRINK") == "1"  # shrinking a long scenario takes minutes: opt in
+
+
 def _settings(n: int):
-    return settings(max_examples=n, deadline=None, derandomize=True,
+    phases = tuple(Phase) if SHRINK else (Phase.explicit, Phase.reuse, Phase.generate)
+    return settings(max_examples=n, deadline=None, derandomize=True, phases=phases,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+STABILITY_BROKEN = pytest.mark.xfail(strict=True, reason=(
+    "today's core evicts the same workload every grace period: see the regression scenarios "
+    "regress_priority_ping_pong and regress_endless_reclaim_fragmented (issue 8); remove this mark "
+    "once they pass"))
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -301,6 +313,7 @@ def test_entitled_workloads_start_within_two_grace_periods(data, seed):
     assert not late, late
 
 
+@STABILITY_BROKEN
 @_settings(N)
 @given(scenarios(), st.integers(0, 2))
 def test_no_workload_preempted_twice_without_a_change_of_demand(data, seed):
@@ -321,7 +334,7 @@ def late_evictions(data: dict, settle: float, seed: int = 0) -> list[str]:
     return out
 
 
-@_settings(max(50, N // 4))
+@_settings(N)
 @given(scenarios(steady=True), st.integers(0, 2))
 def test_steady_state_makes_no_preemptions(case, seed):
     data, settle = case
