@@ -45,9 +45,9 @@ Properties:
 Each property runs ``GUARANTEE_EXAMPLES`` examples (default 400, the CI count); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000`` and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
 scenario it takes minutes). Counterexamples are kept as tests/scenarios/regress_*.yaml, each with a
-strict-xfail test at the end of this file; the stability property is a strict xfail too while the
-core still thrashes (issue 8). The steady-state property passes its 400 CI examples but a longer
-hunt finds failures (regress_steady_priority_preemption).
+plain test at the end of this file (strict xfail while the core still fails it); the stability
+property is a strict xfail while the core still evicts a workload twice without a change of
+demand (regress_consolidation_then_priority).
 """
 from __future__ import annotations
 
@@ -79,9 +79,8 @@ def _settings(n: int):
 
 
 STABILITY_BROKEN = pytest.mark.xfail(strict=True, reason=(
-    "today's core evicts the same workload every grace period: see the regression scenarios "
-    "regress_priority_ping_pong and regress_endless_reclaim_fragmented (issue 8); remove this mark "
-    "once they pass"))
+    "the core still evicts a workload twice without a change of demand: see the regression scenario "
+    "regress_consolidation_then_priority (issue 8); remove this mark once it passes"))
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -350,8 +349,8 @@ def scenario_data(name: str) -> dict:
 
 
 def test_entitlement_check_sees_a_starved_gang_and_not_a_fragmented_node():
-    """The liveness check itself: it flags the starved gang of issue 8 failure 2 (checked by the
-    xfail below) only through entitlement, and calls nothing entitled when the reclaimer's room is
+    """The liveness check itself: alone, the gang of issue 8 failure 2 starts at once (the
+    regression test below checks it against the small borrowers), and calls nothing entitled when the reclaimer's room is
     held by a queue within its deserved quota."""
     data = scenario_data("regress_issue2_gang_starved")
     data["workloads"] = [w for w in data["workloads"] if w["name"] == "gang"]  # nobody competes
@@ -367,31 +366,31 @@ def test_entitlement_check_sees_a_starved_gang_and_not_a_fragmented_node():
     assert not late and next(w for w in report["workloads"] if w["name"] == "a4")["started"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8 failure 2: GPUs reclaimed for a guaranteed gang are lent "
-                   "back to the victims/newcomers of a deserved-0 queue; the gang never starts")
 def test_regress_issue2_guaranteed_gang_not_starved_by_small_borrowers():
     late, report = liveness_failures(scenario_data("regress_issue2_gang_starved"))
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8 failure 1: a reclaim that takes a borrower below its own "
-                   "deserved quota; the victim re-binds on the GPUs it released and is evicted every grace period")
 def test_regress_no_endless_reclaim_when_the_reclaimer_is_fragmented():
     report = simulate(parse_scenario(scenario_data("regress_endless_reclaim_fragmented")))
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
 
 
-@pytest.mark.xfail(strict=True, reason="priority preemption ping-pong: the low-priority victim re-binds into "
-                   "the room freed for the higher-priority gang of its own queue, every grace period")
 def test_regress_no_priority_ping_pong():
     report = simulate(parse_scenario(scenario_data("regress_priority_ping_pong")))
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
 
 
-@pytest.mark.xfail(strict=True, reason="in a steady state a high-priority gang evicts 7 jobs of its own queue "
-                   "every grace period; they re-bind into the room and the gang never starts")
 def test_regress_steady_state_without_priority_preemptions():
     assert not late_evictions(scenario_data("regress_steady_priority_preemption"), settle=200)
+
+
+@pytest.mark.xfail(strict=True, reason="consolidation evicts w1 for a borrower in the cycle where a queue's "
+                   "notebook finished; three seconds later priority preemption evicts w1 again")
+def test_regress_no_second_eviction_after_consolidation():
+    report = simulate(parse_scenario(scenario_data("regress_consolidation_then_priority")), seed=1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)
