@@ -211,6 +211,7 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
         chosen, refused = pool.greedy(st, budget, done, first, largest)
         if chosen:
             chosen = _prune(ctx, st, chosen, done)
+        if chosen:  # (empty after pruning: it fits without victims, which is no plan to make)
             cost = _cost(ctx, chosen)
             if best is None or cost < best[0]:
                 best = (cost, chosen)

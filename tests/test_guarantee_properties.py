@@ -45,9 +45,7 @@ Properties:
 Each property runs ``GUARANTEE_EXAMPLES`` examples (default 400, the CI count); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000`` and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
 scenario it takes minutes). Counterexamples are kept as tests/scenarios/regress_*.yaml, each with a
-plain test at the end of this file (strict xfail while the core still fails it); the stability
-property is a strict xfail while the core still evicts a workload twice without a change of
-demand (regress_consolidation_then_priority).
+plain test at the end of this file.
 """
 from __future__ import annotations
 
@@ -76,11 +74,6 @@ def _settings(n: int):
     phases = tuple(Phase) if SHRINK else (Phase.explicit, Phase.reuse, Phase.generate)
     return settings(max_examples=n, deadline=None, derandomize=True, phases=phases,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-STABILITY_BROKEN = pytest.mark.xfail(strict=True, reason=(
-    "the core still evicts a workload twice without a change of demand: see the regression scenario "
-    "regress_consolidation_then_priority (issue 8); remove this mark once it passes"))
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -312,7 +305,6 @@ def test_entitled_workloads_start_within_two_grace_periods(data, seed):
     assert not late, late
 
 
-@STABILITY_BROKEN
 @_settings(N)
 @given(scenarios(), st.integers(0, 2))
 def test_no_workload_preempted_twice_without_a_change_of_demand(data, seed):
@@ -388,9 +380,10 @@ def test_regress_steady_state_without_priority_preemptions():
     assert not late_evictions(scenario_data("regress_steady_priority_preemption"), settle=200)
 
 
-@pytest.mark.xfail(strict=True, reason="consolidation evicts w1 for a borrower in the cycle where a queue's "
-                   "notebook finished; three seconds later priority preemption evicts w1 again")
 def test_regress_no_second_eviction_after_consolidation():
+    """Consolidation evicted w1 for a borrower in the cycle where its queue's notebook finished;
+    three seconds later priority preemption in w1's own queue evicted it again. A workload that a
+    waiting higher-priority workload of its queue may preempt is no longer moved."""
     report = simulate(parse_scenario(scenario_data("regress_consolidation_then_priority")), seed=1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)

@@ -7,7 +7,8 @@ when no entitled workload waits for capacity this cycle: otherwise the room woul
 that the reclaim for the entitled one recalls at once. The moved workloads and the workload they make room
 for hold their planned places until they bind (reservations), so the move happens once.
 
-A single-pod workload is planned node by node: on each node the fewest movers, losing the least
+A workload that a waiting higher-priority workload of its own queue may preempt is never moved
+(it would be evicted twice in a row). A single-pod workload is planned node by node: on each node the fewest movers, losing the least
 work, whose departure lets it fit there (two greedy orders, cheapest and largest first, each
 pruned); the best node wins. A gang, only when it is entitled, is planned over the whole
 cluster the same way.
@@ -27,7 +28,13 @@ MAX_GANG_MOVERS = 64  # movers considered for one gang (the least costly, on the
 
 def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     left: list[Candidate] = []
-    movers: list[Workload] = [w for w in ctx.preemptible_running() if w.pods == 1 and w.placements]
+    # a workload that a waiting higher-priority workload of its own queue may preempt is not moved:
+    # it would be evicted twice in a row
+    waiting: dict[str, int] = {}
+    for c in failed:
+        waiting[c.w.queue] = max(waiting.get(c.w.queue, c.w.priority), c.w.priority)
+    movers: list[Workload] = [w for w in ctx.preemptible_running() if w.pods == 1 and w.placements
+                              and w.priority >= waiting.get(w.queue, w.priority)]
     on_node: dict[int, list[Workload]] = {}
     for w in movers:
         n = ctx.future.index.get(w.placements[0].node)
