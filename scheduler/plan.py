@@ -234,9 +234,9 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budge
     if c.w.pods == 1:
         return _plan_single(ctx, c, victims, budget, need_freed, queues)
     if victims is None:
-        _, _, per_node = _index(ctx)
+        per_node = _index(ctx)[3]
         seen: set[str] = set()
-        victims = [v for vs in per_node.values() for v in vs
+        victims = [v for vs in per_node.values() for v, _ in vs
                    if v.queue in queues and v.id not in ctx.evicted and not (v.id in seen or seen.add(v.id))]
     fut = ctx.future
     free = float(fut.gpu_free[fut.schedulable].sum()) / 1000.0
@@ -248,69 +248,101 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budge
     return None if found is None else (found[1], None)
 
 
-def _index(ctx: Cycle) -> tuple[dict[str, int], np.ndarray, dict[int, list[Workload]]]:
-    """Preemptible running workloads by node, and the GPU milli each queue's hold on each node
-    (computed once per cycle; victims evicted since are filtered where they are used)."""
+def _index(ctx: Cycle) -> tuple:
+    """Preemptible running workloads by node, with per queue and node the GPU milli they hold,
+    the least work one of them would lose and whether there is one (computed once per cycle;
+    victims evicted since are filtered where they are used: the sums only over-estimate)."""
     idx = ctx.cache.get("victim-index")
     if idx is None:
         qn = {q: i for i, q in enumerate(ctx.tree.queues)}
-        held = np.zeros((len(qn), len(ctx.future.nodes)), dtype=np.int64)
-        per_node: dict[int, list[Workload]] = {}
+        shape = (len(qn), len(ctx.future.nodes))
+        held = np.zeros(shape, dtype=np.int64)
+        mincost = np.full(shape, np.inf)
+        per_node: dict[int, list[tuple[Workload, int]]] = {}
         for v in ctx.preemptible_running():
+            i, cost = qn[v.queue], ctx.victim_cost(v)
             for n, m in ctx.victim_nodes(v):
-                held[qn[v.queue], n] += m
-                per_node.setdefault(n, []).append(v)
-        idx = ctx.cache["victim-index"] = (qn, held, per_node)
+                held[i, n] += m
+                if cost < mincost[i, n]:
+                    mincost[i, n] = cost
+                per_node.setdefault(n, []).append((v, m))
+        idx = ctx.cache["victim-index"] = (qn, held, mincost, per_node)
     return idx
 
 
-def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budget,
-                 need_freed: float, queues: set[str] | None) -> tuple[list[Workload], np.ndarray] | None:
-    """Plan node by node, examining nodes in order of a lower bound on their cost (the least work
-    the fewest victims that could free enough there could lose, that number of victims, the most
-    over-quota queue among them) and stopping when no node left can beat the best plan found."""
+def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, free: np.ndarray):
+    """Nodes worth planning on, with a lower bound on a plan's cost there, best first: the least
+    work one victim of ``queues`` there loses, one victim, the most over-quota queue there."""
+    qn, held, mincost, per_node = _index(ctx)
     fut = ctx.future
-    need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
-    free = fut.gpu_free.sum(axis=1)
-    on_node: dict[int, list[Workload]] = {}
-    if victims is None:  # from the cycle's index: nodes where the queues hold enough, first
-        qn, held, per_node = _index(ctx)
-        rows = [qn[q] for q in queues]
-        room = held[rows].sum(axis=0) if rows else np.zeros(len(fut.nodes), dtype=np.int64)
-        ok = (room > 0) & (free + room >= need) & fut.schedulable
-        if c.mask is not None:
-            ok &= c.mask
-        for n in np.nonzero(ok)[0].tolist():
-            vs = [v for v in per_node.get(n, ()) if v.queue in queues and v.id not in ctx.evicted]
-            if vs:
-                on_node[n] = vs
-    else:
-        for v in victims:
-            for n, _ in ctx.victim_nodes(v):
-                on_node.setdefault(n, []).append(v)
-    order = []
+    names = sorted(queues)
+    rows = np.array([qn[q] for q in names], dtype=np.int64)
+    room = held[rows].sum(axis=0)
+    ok = (room > 0) & (free + room >= need) & fut.schedulable
+    if c.mask is not None:
+        ok &= c.mask
+    cand = np.nonzero(ok)[0]
+    if not cand.size:
+        return []
+    lost = np.round(mincost[rows][:, cand].min(axis=0), 6)
+    excess = np.array([ctx.over(q) for q in names])
+    present = held[rows][:, cand] > 0
+    most = np.where(present, excess[:, None], -np.inf).max(axis=0)
+    out = []
+    for i in np.lexsort((cand, -most, lost)).tolist():
+        n = int(cand[i])
+        vs = [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in ctx.evicted]
+        out.append(((float(lost[i]), 1, -float(most[i])), n, vs))
+    return out
+
+
+def _nodes_from_list(ctx: Cycle, c: Candidate, victims: list[Workload], need: int, free: np.ndarray):
+    """The same for an explicit victim list, with a tighter bound (the fewest victims that could
+    free enough on the node, and the least work those could lose)."""
+    fut = ctx.future
+    on_node: dict[int, list[tuple[Workload, int]]] = {}
+    for v in victims:
+        for n, m in ctx.victim_nodes(v):
+            on_node.setdefault(n, []).append((v, m))
+    out = []
     for n, vs in on_node.items():
         if not fut.schedulable[n] or (c.mask is not None and not c.mask[n]):
             continue
         short = need - int(free[n])
-        held_n = sorted((m for v in vs for node, m in ctx.victim_nodes(v) if node == n), reverse=True)
+        held_n = sorted((m for _, m in vs), reverse=True)
         if sum(held_n) < short:  # even evicting all of them is not enough
             continue
         k, got = 0, 0
         while got < short or k == 0:
             got += held_n[k]
             k += 1
-        lost = sum(sorted(ctx.victim_cost(v) for v in vs)[:k])
-        excess = max(ctx.over(v.queue) for v in vs)
-        order.append(((round(lost, 6), k, -excess), fut.nodes[n].name, n))
-    order.sort()
+        lost = sum(sorted(ctx.victim_cost(v) for v, _ in vs)[:k])
+        excess = max(ctx.over(v.queue) for v, _ in vs)
+        out.append(((round(lost, 6), k, -excess), n, vs))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return out
+
+
+def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budget,
+                 need_freed: float, queues: set[str] | None) -> tuple[list[Workload], np.ndarray] | None:
+    """Plan node by node, examining nodes in order of a lower bound on their cost and stopping
+    when no node left can beat the best plan found."""
+    fut = ctx.future
+    need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
+    free = fut.gpu_free.sum(axis=1)
+    if victims is None:
+        nodes = _nodes_from_index(ctx, c, queues, need, free)
+    else:
+        nodes = _nodes_from_list(ctx, c, victims, need, free)
     best: tuple[tuple, list[Workload], int] | None = None
-    for bound, name, n in order:
+    for bound, n, vs in nodes:
         if best is not None and bound >= best[0][:3]:
             break  # no node left can beat the best plan
-        found = _search(ctx, c, on_node[n], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)
+        if not vs or sum(m for _, m in vs) + int(free[n]) < need:
+            continue
+        found = _search(ctx, c, [v for v, _ in vs], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)
         if found is not None:
-            cost = found[0] + (name,)
+            cost = found[0] + (n,)
             if best is None or cost < best[0]:
                 best = (cost, found[1], n)
     if best is None:
