@@ -148,3 +148,15 @@ def test_victim_search_tries_another_set_when_the_cheapest_first_is_refused():
     ctx = Cycle(Snapshot(100, [NodeSpec("a", 4)], qs, [cheap, gang, big]), SchedulerConfig())
     found = plan(ctx, ctx.candidate(big), [cheap, gang], _RefuseAfterCheap())
     assert found is not None and sorted(v.id for v in found[0]) == ["cheap", "gang"]
+
+
+def test_a_gang_binds_into_its_reservation_only_when_all_its_pods_fit_together():
+    """Two pods of a reserved gang on one GPU: each pod's half fitting on its own is not enough."""
+    from pathlib import Path
+
+    from gpupool.sim import load_scenario, simulate
+
+    path = Path(__file__).parent / "scenarios" / "regress_gang_reservation_shared_gpu.yaml"
+    for seed in (0, 1, 2):
+        report = simulate(load_scenario(path), seed=seed)
+        assert report["metrics"]["invariant_violations"] == 0, report.get("violations")

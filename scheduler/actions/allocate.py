@@ -75,16 +75,20 @@ def _bind_holders(ctx: Cycle) -> None:
 
 
 def _free_now(ctx: Cycle, w: Workload, placements) -> bool:
-    """Is every planned placement free in the now view (its victims have released)?"""
+    """Is every planned placement free in the now view (its victims have released)? Pods of a
+    gang may share a node or a GPU: their needs add up."""
     now = ctx.now
     cpu = int(round(w.cpu * MILLI))
+    gpu: dict[tuple[int, int], int] = {}
+    node: dict[int, int] = {}
     for p in placements:
         n = now.index[p.node]
-        if now.cpu_free[n] < cpu or now.mem_free[n] < w.memory:
-            return False
-        if any(now.gpu_free[n, g] < p.milli for g in p.gpus):
-            return False
-    return True
+        node[n] = node.get(n, 0) + 1
+        for g in p.gpus:
+            gpu[n, g] = gpu.get((n, g), 0) + p.milli
+    if any(now.cpu_free[n] < cpu * k or now.mem_free[n] < w.memory * k for n, k in node.items()):
+        return False
+    return all(now.gpu_free[n, g] >= m for (n, g), m in gpu.items())
 
 
 def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float, float]:
