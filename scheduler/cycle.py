@@ -608,18 +608,19 @@ class Cycle:
         return hit
 
     def preemptible_running(self, protected: list[Workload] | None = None) -> list[Workload]:
-        """Running workloads that may be preempted now; those still inside ``min_runtime`` go
-        to ``protected`` (when given) instead."""
-        t = self.now_t
-        out = []
-        for w in self.running:
-            if not w.preemptible or w.id in self.evicted:
-                continue
-            if w.started_at is None or t - w.started_at >= self.cfg.min_runtime:
-                out.append(w)
-            elif protected is not None:
-                protected.append(w)
-        return out
+        """Running workloads that may be preempted now (not evicted yet this cycle); those still
+        inside ``min_runtime`` go to ``protected`` (when given) instead."""
+        hit = self.cache.get("preemptible")
+        if hit is None:
+            t, ok, young = self.now_t, [], []
+            for w in self.running:
+                if w.preemptible:
+                    (ok if w.started_at is None or t - w.started_at >= self.cfg.min_runtime else young).append(w)
+            hit = self.cache["preemptible"] = (ok, young)
+        ev = self.evicted
+        if protected is not None:
+            protected.extend(w for w in hit[1] if w.id not in ev)
+        return [w for w in hit[0] if w.id not in ev] if ev else list(hit[0])
 
 
 def queue_order(ctx: Cycle) -> Callable[[str, float], tuple]:

@@ -283,17 +283,16 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         ok &= c.mask
     cand = np.nonzero(ok)[0]
     if not cand.size:
-        return []
+        return
     lost = np.round(mincost[rows][:, cand].min(axis=0), 6)
     excess = np.array([ctx.over(q) for q in names])
     present = held[rows][:, cand] > 0
     most = np.where(present, excess[:, None], -np.inf).max(axis=0)
-    out = []
-    for i in np.lexsort((cand, -most, lost)).tolist():
+    evicted = ctx.evicted
+    for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
         n = int(cand[i])
-        vs = [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in ctx.evicted]
-        out.append(((float(lost[i]), 1, -float(most[i])), n, vs))
-    return out
+        yield (float(lost[i]), 1, -float(most[i])), n, [(v, m) for v, m in per_node[n]
+                                                        if v.queue in queues and v.id not in evicted]
 
 
 def _nodes_from_list(ctx: Cycle, c: Candidate, victims: list[Workload], need: int, free: np.ndarray):

@@ -27,6 +27,8 @@ MAX_GANG_MOVERS = 64  # movers considered for one gang (the least costly, on the
 
 
 def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
+    if not any(c.code == Code.FRAGMENTED for c in failed):
+        return failed
     left: list[Candidate] = []
     # a workload that a waiting higher-priority workload of its own queue may preempt is not moved:
     # it would be evicted twice in a row
@@ -41,8 +43,6 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         if n is not None:
             on_node.setdefault(n, []).append(w)
     tried: set[tuple] = set()
-    if not any(c.code == Code.FRAGMENTED for c in failed):
-        return failed
     verdicts: dict[tuple, bool] = {}  # (queue, amount) -> entitled
 
     def is_owed(c: Candidate) -> bool:

@@ -26,13 +26,14 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     for c in failed:
         groups.setdefault(c.w.queue, []).append(c)
     todo: list[Candidate] = []
+    shares: dict[str, dict | None] = {}
     for q, lst in groups.items():
         headroom[q] = -ctx.over(q)
         if headroom[q] > EPS:
             todo.extend(lst)
             continue
         left.extend(lst)  # at or above its fair share: nothing to reclaim for this queue
-        _above_share(ctx, q, lst)
+        _above_share(ctx, q, lst, shares)
     for c in todo:
         w = c.w
         room = headroom[w.queue]
@@ -40,7 +41,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         if c.quota_bound or amt <= 0 or amt > room + EPS:
             left.append(c)  # quota-bound, or the reclaimer would end above its fair share
             if amt > room + EPS:
-                _above_share(ctx, w.queue, [c])
+                _above_share(ctx, w.queue, [c], shares)
             continue
         if pipeline(ctx, c):
             headroom[w.queue] = room - amt
@@ -82,13 +83,17 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     return left
 
 
-def _above_share(ctx: Cycle, q: str, cands: list[Candidate]) -> None:
+def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, dict | None]) -> None:
     """Say that these candidates of ``q`` wait for idle capacity because reclaiming would take
-    their queue above its fair share (for a plain capacity shortage; other reasons stay)."""
-    held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
-    if held <= EPS and fair <= EPS:
+    their queue above its fair share (for a plain capacity shortage; other reasons stay).
+    ``shares`` caches the numbers per queue for the action."""
+    if q not in shares:
+        held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
+        shares[q] = None if held <= EPS and fair <= EPS else {
+            "held": held, "fair": fair, "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)}
+    extra = shares[q]
+    if extra is None:
         return
-    extra = {"held": held, "fair": fair, "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)}
     for c in cands:
         if c.code == Code.CAPACITY and c.amount[0] > 0:
             c.code, c.detail = Code.FAIR_SHARE, {**c.detail, **extra}
