@@ -386,3 +386,12 @@ def test_regress_no_second_eviction_after_consolidation():
     report = simulate(parse_scenario(scenario_data("regress_consolidation_then_priority")), seed=1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
+
+
+def test_regress_a_guaranteed_workload_is_not_moved_twice_for_a_loan():
+    """Consolidation moved w3 (within its queue's deserved quota) for a notebook, then three
+    seconds later again for another queue's borrower. A borrower is consolidated for only by
+    moving workloads that run on a loan too."""
+    report = simulate(parse_scenario(scenario_data("regress_consolidation_moves_twice")), seed=0)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)

@@ -3,8 +3,10 @@ node, or no one GPU, has room for a pod): move preemptible single-pod workloads 
 restart elsewhere, possibly on another GPU of the same node) to open room for it.
 
 A borrower (a workload that would take its queue above its fair share) is consolidated for only
-when no entitled workload waits for capacity this cycle: otherwise the room would go to a loan
-that the reclaim for the entitled one recalls at once. The moved workloads and the workload they make room
+when no entitled workload waits for capacity this cycle (otherwise the room would go to a loan
+that the reclaim for the entitled one recalls at once), and only by moving workloads that run on
+a loan too (their queue above its deserved quota): a guaranteed workload is not disturbed for a
+loan. The moved workloads and the workload they make room
 for hold their planned places until they bind (reservations), so the move happens once.
 
 A workload that a waiting higher-priority workload of its own queue may preempt is never moved
@@ -61,11 +63,29 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             continue
         if pipeline(ctx, c, hold=id(c) in owed):
             continue
-        key = (c.shape, ctx.future_version)
-        if key in tried or not _consolidate_one(ctx, c, on_node):
+        lender = id(c) not in owed  # a borrower moves only other borrowers' workloads
+        key = (c.shape, ctx.future_version, lender)
+        if key in tried or not _consolidate_one(ctx, c, _borrowed(ctx, on_node) if lender else on_node):
             tried.add(key)
             left.append(c)
     return left
+
+
+def _borrowed(ctx: Cycle, on_node: dict[int, list[Workload]]) -> dict[int, list[Workload]]:
+    """The movers whose queue holds more than its deserved quota (they run on a loan too)."""
+    over = {}
+    out: dict[int, list[Workload]] = {}
+    for n, vs in on_node.items():
+        keep = []
+        for v in vs:
+            o = over.get(v.queue)
+            if o is None:
+                o = over[v.queue] = ctx.effective(v.queue)[0] > ctx.tree.queues[v.queue].deserved.get("gpu", 0.0) + EPS
+            if o:
+                keep.append(v)
+        if keep:
+            out[n] = keep
+    return out
 
 
 def _cost(ctx: Cycle, chosen: list[Workload]) -> tuple:
