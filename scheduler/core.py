@@ -64,7 +64,8 @@ class Scheduler:
         for w in snapshot.workloads:
             if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:
                 ctx.result.pending[w.id] = Pending(Code.NO_QUEUE, w.queue)
-        ctx.result.reservations = sorted(ctx.reservations.values(), key=lambda r: (r.since, r.workload))
+        ctx.result.reservations = sorted([*ctx.reservations.values(), *ctx.settling.values()],
+                                         key=lambda r: (r.since, r.workload))
         ctx.result.fair_share = ctx.fair
         ctx.result.allocated = {q: dict(zip(RESOURCES, ctx.alloc[q])) for q in ctx.tree.queues}
         return ctx.result

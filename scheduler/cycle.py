@@ -236,6 +236,9 @@ class Cycle:
         self.reservations: dict[str, Reservation] = {}
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
         self.held_milli = 0  # free GPU milli of the now view held for reservations
+        # holders that bound into their planned place lately (the last two grace periods): their
+        # reservations are handed on as markers, and consolidation does not move them again
+        self.settling: dict[str, Reservation] = {}
         self._intake(snap.reservations)
 
     def _policy(self, view: str):
@@ -308,6 +311,9 @@ class Cycle:
             timeout = 2 * self.cfg.preemption_grace + 60.0
         for r in sorted(reservations, key=lambda r: (r.since, r.workload)):
             w = self.by_id.get(r.workload)
+            if w is not None and w.phase == Phase.RUNNING and self.now_t - r.since <= 2 * self.cfg.preemption_grace:
+                self.settling[r.workload] = r  # it just bound into a planned place: not moved again yet
+                continue
             if w is None or w.phase == Phase.RUNNING or r.workload in self.reservations:
                 continue
             why = ""

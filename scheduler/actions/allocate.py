@@ -70,7 +70,7 @@ def _bind_holders(ctx: Cycle) -> None:
             ctx.future.give_placement(p, w)
         ctx.future_place(w, placed)
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
-        del ctx.reservations[wid]
+        ctx.settling[wid] = ctx.reservations.pop(wid)
         ctx.bind(c, placed)
 
 

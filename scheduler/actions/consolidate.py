@@ -10,7 +10,8 @@ loan. The moved workloads and the workload they make room
 for hold their planned places until they bind (reservations), so the move happens once.
 
 A workload that a waiting higher-priority workload of its own queue may preempt is never moved
-(it would be evicted twice in a row). A single-pod workload is planned node by node: on each node the fewest movers, losing the least
+(it would be evicted twice in a row), nor one that bound into a planned place within the last two
+grace periods (it was just moved, or just started after a preemption). A single-pod workload is planned node by node: on each node the fewest movers, losing the least
 work, whose departure lets it fit there (two greedy orders, cheapest and largest first, each
 pruned); the best node wins. A gang, only when it is entitled, is planned over the whole
 cluster the same way.
@@ -38,7 +39,7 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     for c in failed:
         waiting[c.w.queue] = max(waiting.get(c.w.queue, c.w.priority), c.w.priority)
     movers: list[Workload] = [w for w in ctx.preemptible_running() if w.pods == 1 and w.placements
-                              and w.priority >= waiting.get(w.queue, w.priority)]
+                              and w.priority >= waiting.get(w.queue, w.priority) and w.id not in ctx.settling]
     on_node: dict[int, list[Workload]] = {}
     for w in movers:
         n = ctx.future.index.get(w.placements[0].node)
