@@ -10,13 +10,16 @@ import sys
 # module path -> the subcommands it provides (for lazy import)
 COMMAND_MODULES = {
     "gpupool.sim.cli": ("simulate",),
-    "gpupool.client.cli": ("submit", "list", "describe", "logs", "delete", "queues", "top", "sweep", "nodes"),
+    "gpupool.client.cli": ("login", "submit", "list", "describe", "logs", "output", "delete", "queues", "top", "sweep", "nodes"),
     "gpupool.hub_ext.cli": ("hub",),
 }
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="gpupool", description="gpupool: a fair-share GPU pool for JupyterHub")
+    parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module, commands in COMMAND_MODULES.items():
         if only is not None and only not in commands:
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = _hoist_globals(sys.argv[1:] if argv is None else list(argv))
     first = next((a for a in argv if not a.startswith("-")), None)
     known = {c for cmds in COMMAND_MODULES.values() for c in cmds}
-    parser = build_parser(first if first in known else None)
+    only = first if first in known else ("--version" if argv[:1] == ["--version"] else None)
+    parser = build_parser(only)  # only the module of the command given (none for --version)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -20,7 +20,8 @@ from typing import Any
 
 from .config import GPUPool, GPUPoolConfigError, load, to_json
 
-__all__ = ["configure", "service_endpoint", "GPUPool", "GPUPoolConfigError", "SUBMIT_SCOPE", "ADMIN_SCOPE"]
+__all__ = ["configure", "add_idle_culler", "service_endpoint", "GPUPool", "GPUPoolConfigError", "SUBMIT_SCOPE",
+           "ADMIN_SCOPE"]
 
 SUBMIT_SCOPE = "custom:gpupool:submit"
 ADMIN_SCOPE = "custom:gpupool:admin"
@@ -59,6 +60,20 @@ def _spawner_available() -> bool:
     return hasattr(mod, "LocalGPUSpawner")
 
 
+class _AtStart(str):
+    """A callable environment value (JupyterHub calls it when it starts the service) that is also
+    a string: JupyterHub stores each service's environment in its database as JSON, where a plain
+    function is logged as "Non-jsonable data" at every start; this stores a note instead."""
+
+    def __new__(cls, compute: Any) -> "_AtStart":
+        obj = super().__new__(cls, "(computed by gpupool when JupyterHub starts the service)")
+        obj.compute = compute
+        return obj
+
+    def __call__(self, spawner: Any = None) -> str:
+        return self.compute(spawner)
+
+
 def configure(c: Any, *, spawner: bool = True) -> None:
     """Register the gpupool service, its scopes and roles in a JupyterHub config ``c``.
 
@@ -88,14 +103,15 @@ def configure(c: Any, *, spawner: bool = True) -> None:
     c.GPUPool.api_token = token  # the spawner (in the hub) reads it through service_endpoint()
     url = f"http://127.0.0.1:{port}"
 
-    def _service_config(_spawner: Any = None) -> str:
+    def _compute(_spawner: Any = None) -> str:
         # Called by JupyterHub when it starts the service: the config file has run completely.
-        current = GPUPool(config=c)
-        if current.port != port or current.service_name != name:
+        if _value(c.GPUPool, "port", port) != port or _value(c.GPUPool, "service_name", name) != name:
             raise GPUPoolConfigError(
                 "c.GPUPool.port / c.GPUPool.service_name changed after configure(c); set them before calling configure(c)")
         settings = load(c, cwd=os.getcwd())
         return to_json(settings)
+
+    _service_config = _AtStart(_compute)
 
     services = list(_value(c.JupyterHub, "services", []))
     services = [s for s in services if s.get("name") != name]
@@ -113,11 +129,9 @@ def configure(c: Any, *, spawner: bool = True) -> None:
     scopes = dict(_value(c.JupyterHub, "custom_scopes", {}))
     scopes[SUBMIT_SCOPE] = {
         "description": "Submit, list and cancel your own gpupool jobs; see queues, nodes and workspaces.",
-        "display_name": "gpupool: submit jobs",
     }
     scopes[ADMIN_SCOPE] = {
         "description": "Administer the gpupool GPU pool: every user's jobs and workspaces.",
-        "display_name": "gpupool: admin",
         "subscopes": [SUBMIT_SCOPE],
     }
     c.JupyterHub.custom_scopes = scopes
@@ -146,6 +160,35 @@ def configure(c: Any, *, spawner: bool = True) -> None:
             c.JupyterHub.spawner_class = SPAWNER_CLASS
         else:
             log.warning("gpupool: %s is not available; keeping JupyterHub's spawner", SPAWNER_CLASS)
+
+
+CULLER = "idle-culler"
+
+
+def add_idle_culler(c: Any, *, timeout: int = 3600, every: int = 0, max_age: int = 0, concurrency: int = 10,
+                    users: bool = False, admin_users: bool = True, remove_named_servers: bool = False) -> None:
+    """Stop notebook servers idle for ``timeout`` seconds (their GPUs go back to the pool):
+    jupyterhub-idle-culler as a managed hub service with the role it needs. ``every``: seconds
+    between checks (0: timeout / 2); ``max_age``: stop servers older than this even when busy
+    (0: never); ``users``: also delete idle users; z2jh's ``cull`` values map one to one."""
+    if timeout <= 0:
+        raise GPUPoolConfigError(f"idle culler: timeout must be > 0 seconds, not {timeout!r}")
+    every = every or max(1, timeout // 2)
+    cmd = [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={int(timeout)}", f"--cull-every={int(every)}",
+           f"--concurrency={int(concurrency)}", f"--max-age={int(max_age)}"]
+    if users:
+        cmd += ["--cull-users=true", f"--cull-admin-users={str(bool(admin_users)).lower()}"]
+    if remove_named_servers:
+        cmd.append("--remove-named-servers=true")
+    services = [sv for sv in _value(c.JupyterHub, "services", []) if sv.get("name") != CULLER]
+    services.append({"name": CULLER, "command": cmd, "display": False})
+    c.JupyterHub.services = services
+    scopes = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
+    if users:
+        scopes.append("admin:users")
+    roles = [dict(r) for r in _value(c.JupyterHub, "load_roles", [])]
+    _merge_role(roles, CULLER, scopes, services=[CULLER])
+    c.JupyterHub.load_roles = roles
 
 
 def service_endpoint(config: Any) -> dict[str, str]:

@@ -176,7 +176,8 @@ def workspace_view(svc: Any, row: D.Workload, env: bool = True) -> dict:
            "preemptible": row.preemptible, "priority": row.priority, "reason": reason,
            "position": st.positions.get(pid) if queued else None,
            "allocation": allocation_view(row.allocation),
-           "submitted_at": iso(row.submitted_at), "started_at": iso(row.started_at)}
+           "submitted_at": iso(row.submitted_at), "started_at": iso(row.started_at),
+           "last_activity": getattr(svc, "server_activity", {}).get((row.user, row.server))}
     if env:
         out["env"] = row.env or {} if row.status == D.RUNNING else {}
     return out

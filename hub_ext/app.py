@@ -32,6 +32,7 @@ from . import db as D
 from .api import JOB_FIELDS, JOB_KINDS, WORKSPACE_FIELDS, APIError, routes, spec_error
 from .auth import Authenticator, Identity
 from .config import GPUPoolConfigError, Settings, from_json
+from .gpus import check_gpus
 from .loop import SchedulerLoop
 from .metrics import Metrics
 from .programs import check_pods, in_workdir, program
@@ -100,6 +101,8 @@ class Service:
         self.auth = auth
         self.metrics = metrics
         self.nvml = nvml
+        # (user, server) -> the hub's last_activity of that server, kept by the workspace reconciler
+        self.server_activity: dict[tuple[str, str], str | None] = {}
         self.inserter = BatchInserter(sessions.kw["bind"])
         self.queue_map = {q.name: q for q in settings.queues}
         parents = {q.parent for q in settings.queues if q.parent}
@@ -156,6 +159,13 @@ class Service:
         for key in ("gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible", "checkpoint_on_signal", "pods"):
             if key in data and data[key] is not None:
                 entry[key] = data[key]
+        if "gpus" in entry:  # the one GPU rule (hub_ext/gpus.py), shared with the spawn page
+            try:
+                entry["gpus"] = check_gpus(entry["gpus"])
+            except ValueError as e:
+                raise APIError(400, f"gpus: {e}", "gpus") from None
+            if not entry["gpus"]:
+                del entry["gpus"]  # one meaning of zero: no GPU, the same as leaving gpus out
         try:
             w = parse_workload(entry, "request", self.queue_map)
         except SpecError as e:
@@ -199,6 +209,7 @@ class Service:
         if sweep is not None and (not isinstance(sweep, str) or len(sweep) > 255):
             raise APIError(400, "sweep: must be a string (a sweep id)", "sweep")
         source: str | None = None
+        self._workdir(ident.name)  # missing: created now (jobs run as the service's user) or refused now
         if prog is not None:
             name_default = prog.name
         elif nb is not None:
@@ -235,6 +246,27 @@ class Service:
         return SimpleNamespace(id=new_id, public_id=D.public_id(D.JOB, new_id), started_at=None, finished_at=None,
                                allocation=None, exit_code=None, checkpoint_path=None, last_checkpoint_at=None,
                                **values)
+
+    def _workdir(self, user: str) -> str:
+        """The user's working directory on the hub, where the job will run. Missing, it is created
+        (as the demo's spawner creates homes) when jobs run as the service's own user; a system
+        user's missing home is refused now rather than failing the job when it starts."""
+        try:
+            workdir = self.loop.workdir(user)
+        except ValueError as e:
+            raise APIError(400, f"notebook: {e}", "notebook") from None
+        if os.path.isdir(workdir):
+            return workdir
+        if self.settings.pool.run_as_user and os.geteuid() == 0:
+            raise APIError(400, f"your working directory on the hub ({workdir}) does not exist; ask an admin to "
+                                "create it (c.GPUPool.work_dir)")
+        try:
+            os.makedirs(workdir, 0o755, exist_ok=True)
+        except OSError as e:
+            raise APIError(400, f"your working directory on the hub ({workdir}) does not exist and cannot be "
+                                f"created: {e.strerror}") from None
+        log.info("created the working directory %s of %s", workdir, user)
+        return workdir
 
     # ------------------------------------------------------------------ workspaces
     async def request_workspace(self, user: str, server: str, data: dict) -> tuple[D.Workload, bool]:
@@ -278,11 +310,24 @@ class Service:
         return out
 
 
+DEFAULT_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
 def _check_notebook(doc: Any, field: str) -> None:
+    """Refuse what is not an nbformat-4 notebook; a notebook naming no kernel gets ``python3``
+    (the jobs' Python, as papermill's ``-k python3``) instead of failing every run later."""
     if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
         raise APIError(400, f"{field}: not a Jupyter notebook (an object with a 'cells' list)", field)
     if doc.get("nbformat") != 4:
         raise APIError(400, f"{field}: must be an nbformat 4 notebook", field)
+    meta = doc.get("metadata")
+    if meta is None:
+        meta = doc["metadata"] = {}
+    if not isinstance(meta, dict):
+        raise APIError(400, f"{field}: metadata must be an object", field)
+    spec = meta.get("kernelspec")
+    if not isinstance(spec, dict) or not spec.get("name"):
+        meta["kernelspec"] = dict(DEFAULT_KERNELSPEC)
 
 
 def _acquire_lock(path: str, wait: float = 15.0) -> Any:
@@ -315,6 +360,8 @@ async def serve(settings: Settings) -> int:
         log.error("another gpupool service holds %s; not starting a second scheduler on the same jobs",
                   os.path.join(pool.job_root, ".service.lock"))
         return 3
+    for warning in settings.warnings:
+        log.warning("%s", warning)
     engine = D.make_engine(pool.db_url)
     sessions = D.make_sessionmaker(engine)
     backend = make_backend(pool.backend, settings)
@@ -334,7 +381,8 @@ async def serve(settings: Settings) -> int:
     await loop.start()  # re-adopt / finish / requeue what the last run left, before answering anyone
     # workspaces whose server the hub no longer has (their release was lost): checked now and periodically
     reconciler = WorkspaceReconciler(loop, sessions, hub_auth.api_url, hub_auth.api_token,
-                                     pool.workspace_reconcile_seconds, pool.workspace_release_grace)
+                                     pool.workspace_reconcile_seconds, pool.workspace_release_grace,
+                                     activity=svc.server_activity)
     reconciler.start()
     app = web.Application(routes(prefix), gpupool=svc, log_function=_log_request)
     server = app.listen(port, address=host, xheaders=True)

@@ -11,11 +11,13 @@ and every single-user server.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,10 +42,14 @@ def register(subparsers) -> None:
     mode.add_argument("--config", metavar="FILE", help="run JupyterHub with this jupyterhub_config.py")
     p.add_argument("--port", type=int, default=None, help="public port (default 8000; the demo also uses the "
                                                           "next three ports for the proxy API, the hub and the service)")
-    p.add_argument("--ip", default=None, help="public address (default 127.0.0.1)")
+    p.add_argument("--ip", default=None, help="public address (default: the config's c.JupyterHub.ip or bind_url, "
+                                             "else 127.0.0.1; the hub listens where the banner says)")
     p.add_argument("--gpus", choices=("auto", "real", "declared"), default="auto",
                    help="demo inventory: this machine's GPUs via NVML (real), 2 declared nodes x 4 GPUs "
                         "(declared), or real when NVML finds GPUs (auto, the default)")
+    p.add_argument("--check", action="store_true",
+                   help="with --config: check the gpupool settings (one line per problem) and exit; "
+                        "`gpupool hub --config FILE` runs the same check before JupyterHub starts")
     p.add_argument("--dir", default=None, help=argparse.SUPPRESS)  # demo directory (tests)
     p.set_defaults(func=run)
 
@@ -60,8 +66,9 @@ def find_proxy(cwd: Path | None = None) -> str | None:
     return None
 
 
-def _configured_address(config: Path) -> tuple[str, int]:
-    """The public ip/port a jupyterhub_config.py sets (for the "is up" banner); defaults if unknown."""
+def _configured_address(config: Path) -> tuple[str, int, bool]:
+    """The public ip/port a jupyterhub_config.py sets, 127.0.0.1:8000 where it sets none, and
+    whether it sets ``bind_url`` (JupyterHub's own default address is every interface)."""
     from urllib.parse import urlsplit
 
     try:
@@ -71,10 +78,10 @@ def _configured_address(config: Path) -> tuple[str, int]:
         hub = c.JupyterHub
         if "bind_url" in hub:
             u = urlsplit(hub.bind_url)
-            return u.hostname or "127.0.0.1", u.port or 8000
-        return (hub.ip if "ip" in hub else "") or "127.0.0.1", int(hub.port) if "port" in hub else 8000
-    except Exception:  # the hub itself reports problems with the file
-        return "127.0.0.1", 8000
+            return u.hostname or "", u.port or 8000, True
+        return (hub.ip if "ip" in hub else "") or "127.0.0.1", int(hub.port) if "port" in hub else 8000, False
+    except Exception:  # the check before start reports problems with the file
+        return "127.0.0.1", 8000, False
 
 
 def _port_free(ip: str, port: int) -> bool:
@@ -98,13 +105,48 @@ def _local(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
+def _checked(config: Path) -> bool:
+    """Check the gpupool settings of ``config``: print each problem on a line of its own (and the
+    warnings); True when there is no error."""
+    from .config import check_file
+
+    errors, warnings = check_file(str(config))
+    for w in warnings:
+        print(f"gpupool hub: warning: {w}", file=sys.stderr)
+    for e in errors:
+        print(f"gpupool hub: {config}: {e}", file=sys.stderr)
+    return not errors
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"gpupool hub: {message}", file=sys.stderr)
     return code
 
 
-def _wait_up(proc: subprocess.Popen, url: str, stopping: dict | None = None, timeout: float = 120.0) -> bool:
+RUNNING_MARK = b"JupyterHub is now running"
+
+
+def _relay(stream, out, ready: threading.Event) -> None:
+    """Copy the hub's log to ``out`` line by line; set ``ready`` once JupyterHub says it is running
+    (its proxy routes are in place then, so polling the public URL earlier only fills the proxy's
+    log with 404s)."""
+    for line in iter(stream.readline, b""):
+        try:
+            out.write(line)
+            out.flush()
+        except (OSError, ValueError):
+            pass
+        if RUNNING_MARK in line:
+            ready.set()
+    ready.set()  # the hub ended
+
+
+def _wait_up(proc: subprocess.Popen, url: str, stopping: dict | None = None, timeout: float = 120.0,
+             ready: threading.Event | None = None) -> bool:
     deadline = time.monotonic() + timeout
+    while ready is not None and not ready.wait(0.3):
+        if proc.poll() is not None or (stopping and stopping.get("signal") is not None) or time.monotonic() > deadline:
+            return False
     while time.monotonic() < deadline:
         if proc.poll() is not None or (stopping and stopping.get("signal") is not None):
             return False
@@ -144,23 +186,41 @@ def _stop_stray_proxy(cwd: Path) -> None:
         pass
 
 
+def _call(method: str, url: str, token: str, timeout: float) -> tuple[int, object]:
+    """(status, JSON body) of a request with a token; (status, None) for an HTTP error."""
+    req = urllib.request.Request(url, method=method, headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+            return r.status, json.loads(body) if body else None
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def report_unfinished_jobs(service_api: str, token: str) -> None:
+    """Say which jobs outlive the hub: running ones keep running (the next start re-adopts them),
+    queued ones wait for it."""
+    try:
+        status, body = _call("GET", service_api.rstrip("/") + "/jobs?status=queued,starting,running,preempting",
+                             token, 10)
+    except OSError:
+        return
+    jobs = body.get("jobs", []) if status == 200 and isinstance(body, dict) else []
+    if not jobs:
+        return
+    listed = ", ".join(f"{j['id']} ({j['status']})" for j in jobs[:10]) + (", ..." if len(jobs) > 10 else "")
+    print(f"gpupool hub: {len(jobs)} job{'s' if len(jobs) != 1 else ''} not finished: {listed}. Running jobs keep "
+          "running after the hub stops and the next start re-adopts them; queued jobs wait for it. "
+          "`gpupool delete JOB` cancels one.", file=sys.stderr, flush=True)
+
+
 def stop_all_servers(hub_api: str, token: str, timeout: float = 60.0) -> None:
     """Stop every single-user server through the hub's REST API and wait for them to be gone.
 
     JupyterHub's own shutdown stops its services *before* the servers, so the gpupool service
     would never hear that their GPUs are free; stopping the servers first keeps its state clean."""
-    import json
-
-    headers = {"Authorization": f"token {token}"}
-
     def call(method: str, path: str) -> tuple[int, object]:
-        req = urllib.request.Request(hub_api.rstrip("/") + path, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                body = r.read()
-                return r.status, json.loads(body) if body else None
-        except urllib.error.HTTPError as e:
-            return e.code, None
+        return _call(method, hub_api.rstrip("/") + path, token, timeout)
 
     def active() -> list[tuple[str, str]]:
         status, users = call("GET", "/users?state=active")
@@ -185,7 +245,10 @@ def stop_all_servers(hub_api: str, token: str, timeout: float = 60.0) -> None:
 
 def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str | None,
              before_stop=None) -> int:
-    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env)
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stderr=subprocess.PIPE)
+    ready = threading.Event()
+    relay = threading.Thread(target=_relay, args=(proc.stderr, sys.stderr.buffer, ready), daemon=True)
+    relay.start()
     stopping: dict = {"signal": None, "sent": False}
 
     def request_stop(signum, frame):  # handled in the loop below (no network calls in a handler)
@@ -213,7 +276,7 @@ def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str 
 
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if banner is not None and _wait_up(proc, health_url, stopping) and stopping["signal"] is None:
+        if banner is not None and _wait_up(proc, health_url, stopping, ready=ready) and stopping["signal"] is None:
             print(banner, flush=True)
         while True:
             if stopping["signal"] is not None:
@@ -233,6 +296,7 @@ def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str 
                 proc.wait()
         for s, h in old.items():
             signal.signal(s, h)
+        relay.join(5)  # the rest of the hub's log
         _stop_stray_proxy(cwd)
     if stopping["signal"] is not None:
         print("gpupool hub: stopped", file=sys.stderr)
@@ -247,6 +311,20 @@ def run(args: argparse.Namespace) -> int:
         return _fail("give --demo (a ready-made demo hub) or --config FILE (your jupyterhub_config.py)")
     if args.port is not None and not 1 <= args.port <= 65532:
         return _fail(f"--port: {args.port} is not a usable port")
+    if args.check and not args.config:
+        return _fail("--check needs --config FILE")
+    if args.config:
+        config = Path(args.config).expanduser()
+        if not config.is_file():
+            return _fail(f"--config: {config} does not exist")
+        ok = _checked(config)
+        if args.check:
+            if ok:
+                print(f"gpupool hub: {config}: the gpupool settings are fine")
+            return 0 if ok else 1
+        if not ok:
+            return _fail("not starting JupyterHub: fix the settings above (`gpupool hub --config FILE --check` "
+                         "checks again without starting anything)", 1)
     proxy = find_proxy()
     if proxy is None:
         return _fail(INSTALL_HINT)
@@ -258,16 +336,15 @@ def run(args: argparse.Namespace) -> int:
     env["PATH"] = os.pathsep.join(extra_path + [env.get("PATH", "")])
 
     if args.config:
-        config = Path(args.config).expanduser()
-        if not config.is_file():
-            return _fail(f"--config: {config} does not exist")
         cmd = [jupyterhub, "-f", str(config.resolve())]
+        cfg_ip, cfg_port, has_bind_url = _configured_address(config)
+        ip, port = args.ip or cfg_ip, args.port or cfg_port
         if args.port is not None:
             cmd += ["--port", str(args.port)]
-        if args.ip is not None:
-            cmd += ["--ip", args.ip]
-        cfg_ip, cfg_port = _configured_address(config)
-        ip, port = args.ip or cfg_ip, args.port or cfg_port
+        # listen where the banner says: JupyterHub alone would take every interface when the config
+        # names no address, and recompute a bind_url's address from its `ip` ('') on --port
+        if args.ip is not None or args.port is not None or not has_bind_url:
+            cmd += ["--ip", ip]
         return _run_hub(cmd, Path.cwd(), env, f"http://{_local(ip)}:{port}/hub/health",
                         f"\ngpupool hub is up: http://{ip}:{port}/\n")
 
@@ -297,4 +374,9 @@ def run(args: argparse.Namespace) -> int:
     hub_api = f"http://127.0.0.1:{opts.hub_port}/hub/api"
     return _run_hub([jupyterhub, "-f", str(config)], config.parent, env,
                     f"http://{_local(opts.ip)}:{opts.port}/hub/health", demo_config.banner(opts),
-                    before_stop=lambda: stop_all_servers(hub_api, opts.control_token))
+                    before_stop=lambda: _before_demo_stop(hub_api, opts))
+
+
+def _before_demo_stop(hub_api: str, opts) -> None:
+    report_unfinished_jobs(f"http://127.0.0.1:{opts.service_port}/services/gpupool/api/v1", opts.control_token)
+    stop_all_servers(hub_api, opts.control_token)

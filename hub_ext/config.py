@@ -18,6 +18,7 @@ must be >= 0``).
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -210,6 +211,7 @@ class Settings:
     access: dict[str, dict[str, list[str]]]  # leaf queue -> {"users": [...], "groups": [...]}
     nodes: list[NodeSpec]
     gpu_uuids: dict[str, list[str]] = field(default_factory=dict)  # node -> uuid per index (NVML)
+    warnings: list[str] = field(default_factory=list)  # e.g. over-committed quotas (logged at start)
 
 
 def _traits_json(pool: GPUPool) -> dict[str, Any]:
@@ -227,65 +229,130 @@ def _resolve(pool: GPUPool, cwd: str) -> None:
 def load(config: Config | GPUPool | dict, cwd: str | None = None, discover: bool = True) -> Settings:
     """Validate a ``GPUPool`` configuration and resolve it into :class:`Settings`.
 
-    Raises :class:`GPUPoolConfigError` naming the setting at fault."""
+    Raises :class:`GPUPoolConfigError` naming the setting at fault (one line per problem)."""
+    settings, errors = _examine(config, cwd, discover)
+    if errors:
+        raise GPUPoolConfigError("\n".join(errors))
+    assert settings is not None
+    return settings
+
+
+def check(config: Config | GPUPool | dict, cwd: str | None = None, discover: bool = True) -> tuple[list[str], list[str]]:
+    """Every problem (errors) and every warning of a configuration, one sentence each."""
+    settings, errors = _examine(config, cwd, discover)
+    return errors, (settings.warnings if settings is not None else [])
+
+
+def _pool(config: Config | GPUPool | dict, errors: list[str]) -> GPUPool:
+    """The GPUPool of ``config``: an unknown (e.g. misspelled) setting or a value of the wrong type
+    is an error, not a warning that lets the hub start with the default."""
     if isinstance(config, GPUPool):
-        pool = config
-    else:
-        if isinstance(config, dict) and not isinstance(config, Config):
-            config = Config({"GPUPool": config})
+        return config
+    if isinstance(config, dict) and not isinstance(config, Config):
+        config = Config({"GPUPool": config})
+    section = config.GPUPool if "GPUPool" in config else {}
+    known = set(GPUPool.class_trait_names(config=True))
+    good: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean c.GPUPool.{close[0]}?" if close else "the settings are listed in docs/hub.md"
+            errors.append(f"c.GPUPool.{key}: no such setting ({hint})")
+            continue
         try:
-            pool = GPUPool(config=config)
+            GPUPool(config=Config({"GPUPool": {key: value}}))
         except Exception as e:  # traitlets TraitError: wrong type for a knob
-            raise GPUPoolConfigError(f"c.GPUPool: {e}") from None
+            errors.append(f"c.GPUPool.{key}: {e}")
+            continue
+        good[key] = value
+    return GPUPool(config=Config({"GPUPool": good}))
+
+
+def _overcommitted(queues: list[QueueSpec], nodes: list[NodeSpec]) -> list[str]:
+    """Warnings: queues that deserve more GPUs than there are (their quotas cannot all be met at once)."""
+    out = []
+    pool = sum(n.gpus for n in nodes)
+    children: dict[str | None, list[QueueSpec]] = {}
+    for q in queues:
+        children.setdefault(q.parent, []).append(q)
+    top = sum(q.deserved.get("gpu", 0) for q in children.get(None, []))
+    if top > pool:
+        out.append(f"c.GPUPool.queues: the top-level queues deserve {top:g} GPUs but the pool has {pool:g} "
+                   "(over-committed: when every queue wants its share, some get less than they deserve)")
+    for q in queues:
+        kids = children.get(q.name, [])
+        want = sum(k.deserved.get("gpu", 0) for k in kids)
+        if kids and want > q.deserved.get("gpu", 0):
+            out.append(f"c.GPUPool.queues: the children of {q.name!r} deserve {want:g} GPUs but {q.name!r} "
+                       f"deserves {q.deserved.get('gpu', 0):g} (over-committed)")
+    return out
+
+
+def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -> tuple[Settings | None, list[str]]:
+    errors: list[str] = []
+    pool = _pool(config, errors)
     _resolve(pool, cwd or os.getcwd())
     raw = pool.queues or [{"name": "default"}]
+    queues: list[QueueSpec] = []
+    access: dict[str, dict[str, list[str]]] = {}
     try:
         queues = parse_queues(raw, "c.GPUPool.queues", extra_fields=QUEUE_ACCESS_FIELDS)
     except SpecError as e:
-        raise GPUPoolConfigError(str(e)) from None
-    access: dict[str, dict[str, list[str]]] = {}
-    for i, entry in enumerate(raw):
-        for key in QUEUE_ACCESS_FIELDS:
-            val = entry.get(key, [])
-            if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
-                raise GPUPoolConfigError(f"c.GPUPool.queues[{i}].{key}: must be a list of names")
-        access[entry["name"]] = {k: list(entry.get(k, [])) for k in QUEUE_ACCESS_FIELDS}
+        errors.append(str(e))
+    else:
+        for i, entry in enumerate(raw):
+            for key in QUEUE_ACCESS_FIELDS:
+                val = entry.get(key, [])
+                if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
+                    errors.append(f"c.GPUPool.queues[{i}].{key}: must be a list of names")
+            access[entry["name"]] = {k: list(entry[k]) if isinstance(entry.get(k), list) else []
+                                     for k in QUEUE_ACCESS_FIELDS}
     uuids: dict[str, list[str]] = {}
+    nodes: list[NodeSpec] = []
+    nodes_ok = True
     if pool.nodes is None:
-        nodes = []
         if discover:
             from ..backends import nvml
 
             nodes = nvml.discover_nodes()
             if not nodes:
-                raise GPUPoolConfigError(
+                nodes_ok = False
+                errors.append(
                     "c.GPUPool.nodes: not set and NVML finds no GPU on this machine; declare the "
                     "GPUs, e.g. c.GPUPool.nodes = [{'name': 'box', 'gpus': 4, 'gpu_memory': '24Gi'}] "
                     "(or c.GPUPool.nodes = [] for CPU-only jobs)")
-            uuids = {nodes[0].name: [g["uuid"] for g in nvml.gpus()]}
+            else:
+                uuids = {nodes[0].name: [g["uuid"] for g in nvml.gpus()]}
+        else:
+            nodes_ok = False  # not known yet: nothing to compare quotas with
+    elif isinstance(pool.nodes, str):
+        nodes_ok = False
+        errors.append("c.GPUPool.nodes: must be a list of node entries")
     else:
-        if isinstance(pool.nodes, str):
-            raise GPUPoolConfigError("c.GPUPool.nodes: must be a list of node entries")
         try:
             nodes = parse_nodes(pool.nodes, "c.GPUPool.nodes")
         except SpecError as e:
-            raise GPUPoolConfigError(str(e)) from None
-    if pool.default_queue and pool.default_queue not in access:
-        raise GPUPoolConfigError(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
+            nodes_ok = False
+            errors.append(str(e))
+    if pool.default_queue and access and pool.default_queue not in access:
+        errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
     if pool.max_pods < 1:
-        raise GPUPoolConfigError("c.GPUPool.max_pods: must be >= 1")
+        errors.append("c.GPUPool.max_pods: must be >= 1")
     if pool.cycle_seconds <= 0:
-        raise GPUPoolConfigError("c.GPUPool.cycle_seconds: must be > 0")
+        errors.append("c.GPUPool.cycle_seconds: must be > 0")
     for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
                  "workspace_release_grace", "gang_restarts"):
         if getattr(pool, knob) < 0:
-            raise GPUPoolConfigError(f"c.GPUPool.{knob}: must be >= 0")
+            errors.append(f"c.GPUPool.{knob}: must be >= 0")
     if "{" in pool.work_dir:
         try:
             pool.work_dir.format(home="/h", user="u")
         except (KeyError, IndexError, ValueError) as e:
-            raise GPUPoolConfigError(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}") from None
-    return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids)
+            errors.append(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}")
+    if errors:
+        return None, errors
+    warnings = _overcommitted(queues, nodes) if nodes_ok else []
+    return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids, warnings=warnings), []
 
 
 def to_json(settings: Settings) -> str:
@@ -301,3 +368,22 @@ def from_json(text: str) -> Settings:
     except ValueError as e:
         raise GPUPoolConfigError(f"GPUPOOL_CONFIG is not JSON: {e}") from None
     return load(Config(doc), discover=True)
+
+
+def check_file(path: str, cwd: str | None = None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of the gpupool settings in a ``jupyterhub_config.py``, without starting
+    anything: the file is run as JupyterHub runs it, then :func:`check` looks at ``c.GPUPool``."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    full = os.path.abspath(path)
+    try:
+        c = PyFileConfigLoader(os.path.basename(full), path=os.path.dirname(full)).load_config()
+    except GPUPoolConfigError as e:  # configure(c) checks what is set before it
+        return str(e).splitlines(), []
+    except Exception as e:  # a syntax error, an import that fails...
+        return [f"{path}: the file does not run: {type(e).__name__}: {e}"], []
+    services = c.JupyterHub.services if "services" in c.JupyterHub else []
+    name = c.GPUPool.service_name if "service_name" in c.GPUPool else "gpupool"
+    if not any(isinstance(sv, dict) and sv.get("name") == name for sv in services or []):
+        return [f"{path}: does not call configure(c) (add `from gpupool.hub_ext import configure; configure(c)`)"], []
+    return check(c, cwd=cwd)

@@ -12,7 +12,8 @@ directory to start over.
   four 24Gi GPUs each (``--gpus declared``: scheduling is real, the GPUs are not, so
   ``CUDA_VISIBLE_DEVICES`` names devices that do not exist here).
 * Servers: :class:`gpupool.spawner.LocalGPUSpawner` with homes in ``.gpupool-demo/homes/<user>``,
-  seeded with the example notebook; ``slow_spawn_timeout`` is short so the queue position shows
+  seeded with the welcome notebook and ``train.ipynb`` (a checkpointing training loop: a first job
+  that survives a preemption); ``slow_spawn_timeout`` is short so the queue position shows
   on the spawn page at once.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ DEMO_QUEUES = [
 DEMO_NODES = [{"name": "gpu-node", "count": 2, "gpus": 4, "gpu_memory": "24Gi", "gpu_model": "demo-24GB"}]
 EXAMPLE_NOTEBOOK = "demo.ipynb"
 EXAMPLE_DDP = "ddp_train.py"  # a 2-worker job: gpupool submit --pods 2 --gpus 1 ddp_train.py (needs torch)
+TRAIN_NOTEBOOK = "train.ipynb"  # examples/train_checkpoint.ipynb: a first job that survives preemption
 
 
 @dataclass
@@ -77,6 +79,25 @@ def _example_notebook() -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
+def _train_notebook() -> dict:
+    """examples/train_checkpoint.ipynb from the source tree; a minimal checkpointing loop when
+    installed from a wheel."""
+    src = Path(__file__).resolve().parents[1] / "examples" / "train_checkpoint.ipynb"
+    if src.is_file():
+        return json.loads(src.read_text())
+    params = {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
+              "source": ["steps = 20\n", "step_seconds = 0.2"]}
+    loop = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+            "source": ["import time\n", "from gpupool import checkpoint\n",
+                       "state = checkpoint.load(default={'step': 0})\n",
+                       "for step in range(state['step'], steps):\n", "    time.sleep(step_seconds)\n",
+                       "    checkpoint.save({'step': step + 1}, step=step + 1)\n",
+                       "    if checkpoint.should_stop():\n", "        break"]}
+    return {"cells": [params, loop], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                  "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
 def nodes_for(gpus: str, nvml_module=None) -> list[dict]:
     """Node entries for ``c.GPUPool.nodes``: this machine's GPUs (NVML) or the declared demo nodes.
     ``nvml_module``: the pynvml module to use (default: the real one)."""
@@ -102,7 +123,7 @@ def config_text(root: Path, opts: DemoOptions) -> str:
 # copy it elsewhere to make your own hub config, then run `gpupool hub --config FILE`.
 import os
 
-from gpupool.hub_ext import configure
+from gpupool.hub_ext import add_idle_culler, configure
 
 c = get_config()  # noqa: F821
 ROOT = {settings["root"]!r}
@@ -134,9 +155,11 @@ c.LocalGPUSpawner.admission_timeout = {opts.admission_timeout!r}
 # show the spawn page with its progress (the queue position) after 1 s instead of 10
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 1}}
 
-# -- `gpupool hub` stops every server through this token before the hub shuts down -------------
+# -- `gpupool hub` stops every server through this token before the hub shuts down (and lists the
+# jobs that outlive it) ------------------------------------------------------------------------
 c.JupyterHub.services = [{{"name": "gpupool-demo-control", "api_token": {opts.control_token!r}}}]
-c.JupyterHub.load_roles = [{{"name": "gpupool-demo-control", "scopes": ["list:users", "read:servers", "servers"],
+c.JupyterHub.load_roles = [{{"name": "gpupool-demo-control",
+                            "scopes": ["list:users", "read:servers", "servers", "custom:gpupool:admin"],
                             "services": ["gpupool-demo-control"]}}]
 
 # -- the gpupool service: queues and GPUs --------------------------------------------------------
@@ -148,6 +171,9 @@ c.GPUPool.work_dir = os.path.join(ROOT, "homes", "{{user}}")
 c.GPUPool.db_url = "sqlite:///" + os.path.join(ROOT, "gpupool.sqlite")
 c.GPUPool.job_root = os.path.join(ROOT, "jobs")
 configure(c)
+
+# -- servers idle for an hour are stopped, so their GPUs go back to the pool (jupyterhub-idle-culler) --
+add_idle_culler(c, timeout=3600)
 '''
 
 
@@ -160,11 +186,13 @@ def write_demo(root: Path | str = DEMO_DIR, opts: DemoOptions | None = None) -> 
     skel = root / "skel"
     skel.mkdir(exist_ok=True)
     (skel / EXAMPLE_NOTEBOOK).write_text(json.dumps(_example_notebook(), indent=1))
+    (skel / TRAIN_NOTEBOOK).write_text(json.dumps(_train_notebook(), indent=1))
     for user in DEMO_USERS:
         home = root / "homes" / user
         home.mkdir(parents=True, exist_ok=True)
-        if not (home / EXAMPLE_NOTEBOOK).exists():
-            shutil.copy2(skel / EXAMPLE_NOTEBOOK, home / EXAMPLE_NOTEBOOK)
+        for name in (EXAMPLE_NOTEBOOK, TRAIN_NOTEBOOK):
+            if not (home / name).exists():
+                shutil.copy2(skel / name, home / name)
         ddp = Path(__file__).resolve().parents[1] / "examples" / EXAMPLE_DDP  # source tree only
         if ddp.is_file() and not (home / EXAMPLE_DDP).exists():
             shutil.copy2(ddp, home / EXAMPLE_DDP)
@@ -180,4 +208,5 @@ def banner(opts: DemoOptions) -> str:
     return (f"\ngpupool demo hub is up: {url}\n"
             f"  log in as alice (queue vision), bob (queue nlp) or carol (admin); password: {DEMO_PASSWORD}\n"
             f"  GPUs: {gpus}\n"
-            f"  files: {DEMO_DIR}/ (delete it to start over); Ctrl-C stops the hub and every server\n")
+            f"  files: {DEMO_DIR}/ (delete it to start over); Ctrl-C stops the hub and every server\n"
+            f"  (running jobs keep running; the next start re-adopts them)\n")

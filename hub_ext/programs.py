@@ -105,7 +105,7 @@ def in_workdir(field: str, rel: Any, workdir: Callable[[], str], must_exist: str
     if not path.startswith(os.path.realpath(wd) + os.sep):
         raise APIError(400, f"{field}: must stay inside your working directory", field)
     if (must_exist == "yes" or os.path.isdir(wd)) and not os.path.isfile(path):
-        raise APIError(400, f"{field}: no such file {rel!r} in your working directory ({wd})", field)
+        raise APIError(400, f"{field}: no such file {rel!r} in your working directory on the hub ({wd})", field)
     return wd, path
 
 

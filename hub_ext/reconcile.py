@@ -36,7 +36,8 @@ class HubUnavailable(Exception):
 
 
 class WorkspaceReconciler:
-    def __init__(self, loop: Any, sessions: Any, api_url: str, api_token: str, interval: float, grace: float):
+    def __init__(self, loop: Any, sessions: Any, api_url: str, api_token: str, interval: float, grace: float,
+                 activity: dict | None = None):
         self.loop = loop  # the SchedulerLoop: its lock keeps a release out of a running cycle
         self.sessions = sessions
         self.api_url = api_url.rstrip("/")
@@ -44,6 +45,8 @@ class WorkspaceReconciler:
         self.interval = interval
         self.grace = grace
         self.missing_since: dict[int, float] = {}  # workspace row id -> first check that missed its server
+        # (user, server) -> the hub's last_activity of that server (ISO time) at the last check
+        self.activity: dict[tuple[str, str], str | None] = {} if activity is None else activity
         self._task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
         self._warned = False
@@ -52,6 +55,7 @@ class WorkspaceReconciler:
     async def active_servers(self) -> set[tuple[str, str]]:
         """(user, server name) of every server JupyterHub has running, starting or stopping."""
         out: set[tuple[str, str]] = set()
+        activity: dict[tuple[str, str], str | None] = {}
         client = AsyncHTTPClient()
         offset = 0
         while True:
@@ -71,10 +75,13 @@ class WorkspaceReconciler:
                 if servers is None:  # the token lacks read:servers: the answer says nothing about servers
                     raise HubUnavailable("the hub's user list has no 'servers' field: the service's role needs "
                                          "the read:servers and list:users scopes (configure(c) grants them)")
-                for name in servers:
+                for name, server in servers.items():
                     out.add((user.get("name", ""), name))
+                    activity[(user.get("name", ""), name)] = (server or {}).get("last_activity")
             nxt = (doc.get("_pagination") or {}).get("next") if isinstance(doc, dict) else None
             if not nxt or not items:
+                self.activity.clear()
+                self.activity.update(activity)
                 return out
             offset = int(nxt.get("offset", offset + len(items)))
 

@@ -6,7 +6,7 @@
 =============== =========================== ==================================================
 field           example                     meaning
 =============== =========================== ==================================================
-``gpus``        ``0``, ``0.5``, ``2``       whole GPUs, or one of the offered fractions
+``gpus``        ``0``, ``0.5``, ``2``       whole GPUs, or a fraction below 1 (hub_ext/gpus.py)
 ``gpu_memory``  ``"20Gi"``                  instead of ``gpus``: a share of one GPU sized by
                                             memory
 ``queue``       ``"vision"``                a queue the user may submit to (default: the first)
@@ -19,10 +19,10 @@ Everything here is pure (no I/O) so the KubeSpawner subclass and the local spawn
 from __future__ import annotations
 
 import html
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ..hub_ext.gpus import check_gpus
 from ..scheduler.units import format_bytes, parse_bytes
 
 OPTION_FIELDS = ("gpus", "gpu_memory", "queue", "preemptible")
@@ -74,13 +74,6 @@ def _fraction_label(f: float) -> str:
     return {0.25: "a quarter", 0.5: "half", 0.75: "three quarters"}.get(f, f"{f:g}")
 
 
-def _choices_text(fractions: Sequence[float], max_gpus: int) -> str:
-    parts = ["0"] + [f"{f:g}" for f in fractions]
-    if max_gpus >= 1:
-        parts.append("1" if max_gpus == 1 else f"a whole number 1..{max_gpus}")
-    return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
-
-
 def parse_bool(value: Any, field: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -95,7 +88,7 @@ def parse_bool(value: Any, field: str) -> bool:
     raise OptionError(field, f"must be true or false, not {value!r}")
 
 
-def parse_user_options(options: Any, *, fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
+def parse_user_options(options: Any, *, max_gpus: int = 8,
                        max_gpu_memory: int = 0, queues: Sequence[str] | None = None,
                        default_gpus: float = 0, default_preemptible: bool = False,
                        extra_fields: Iterable[str] = ()) -> GPURequest:
@@ -133,22 +126,19 @@ def parse_user_options(options: Any, *, fractions: Sequence[float] = (0.25, 0.5)
         gpus = 0.0
     if "gpus" in options and options["gpus"] not in (None, ""):
         raw = options["gpus"]
-        if isinstance(raw, bool):
-            raise OptionError("gpus", "must be a number of GPUs")
+        if isinstance(raw, str):  # form data
+            try:
+                raw = float(raw.strip())
+            except ValueError:
+                raise OptionError("gpus", f"{options['gpus']!r} is not a number of GPUs") from None
         try:
-            gpus = float(raw.strip()) if isinstance(raw, str) else float(raw)
-        except (TypeError, ValueError):
-            raise OptionError("gpus", f"{raw!r} is not a number of GPUs") from None
-        if not math.isfinite(gpus) or gpus < 0:
-            raise OptionError("gpus", "must be 0 or more")
+            gpus = check_gpus(raw)  # the same rule as jobs (hub_ext/gpus.py); fractions are the menu
+        except ValueError as e:
+            raise OptionError("gpus", str(e)) from None
         if gpu_memory and gpus > 0:
             raise OptionError("gpu_memory", "give either gpus or gpu_memory, not both")
         if gpus > 0 and max_gpus <= 0:
             raise OptionError("gpus", "this hub has no GPUs; start without a GPU (gpus: 0)")
-        if 0 < gpus < 1 and not any(abs(gpus - f) < 1e-9 for f in fractions):
-            raise OptionError("gpus", f"{gpus:g} is not offered; choose {_choices_text(fractions, max_gpus)}")
-        if gpus >= 1 and gpus != int(gpus):
-            raise OptionError("gpus", f"{gpus:g}: above 1 must be a whole number of GPUs")
         if gpus > max_gpus:
             raise OptionError("gpus", f"{gpus:g} is more than a workspace may use (at most {max_gpus})")
 

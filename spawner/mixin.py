@@ -138,7 +138,9 @@ class GPUPoolSpawnerMixin(Spawner):
     # ---- what users may ask for -----------------------------------------------------------
     gpu_fractions = List(
         Float(), [0.25, 0.5],
-        help="Fractions of one GPU offered to users (form choices; other fractions are refused).",
+        help="""Fractions of one GPU the spawn page offers in its menu. A request for another fraction
+        below 1 (through the API, e.g. ``{"gpus": 0.3}``) is as valid: jobs and workspaces share one
+        rule (gpupool/hub_ext/gpus.py).""",
     ).tag(config=True)
 
     max_gpus = Integer(
@@ -304,7 +306,7 @@ class GPUPoolSpawnerMixin(Spawner):
         except GPUPoolError as e:
             try:
                 cpu_only = not gpuform.parse_user_options(
-                    user_options, fractions=self.gpu_fractions, max_gpus=10**6, queues=None,
+                    user_options, max_gpus=10**6, queues=None,
                     default_gpus=self.default_gpus, extra_fields=self.extra_user_options).wants_gpu
             except OptionError:
                 cpu_only = False
@@ -316,7 +318,7 @@ class GPUPoolSpawnerMixin(Spawner):
         max_gpus, memory, _ = self._limits_from_nodes(nodes)
         try:
             return gpuform.parse_user_options(
-                user_options, fractions=self.gpu_fractions, max_gpus=max_gpus, max_gpu_memory=memory,
+                user_options, max_gpus=max_gpus, max_gpu_memory=memory,
                 queues=queues, default_gpus=self.default_gpus, default_preemptible=self.default_preemptible,
                 extra_fields=self.extra_user_options)
         except OptionError as e:

@@ -31,10 +31,14 @@ NOTEBOOKS = {
 }
 
 
+PASSWORD = "s3cret"  # the dummy authenticator's one password (`gpupool login` tests)
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory, hub_leak_check_session):
     """Depends on the leak check, so pytest stops this hub before the check runs."""
-    hub = Hub(tmp_path_factory.mktemp("gpupool-client"), gpupool=SETTINGS, users=["alice", "bob"], admins=["admin"])
+    hub = Hub(tmp_path_factory.mktemp("gpupool-client"), gpupool=SETTINGS, users=["alice", "bob"], admins=["admin"],
+              extra_config=f"c.DummyAuthenticator.password = {PASSWORD!r}")
     hub.start()
     try:
         for user in ("alice", "bob"):

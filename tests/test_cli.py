@@ -10,19 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from hub_harness import notebook
+from conftest import PASSWORD
 from test_client import _dead_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 
 
-def run(*args, env=None, timeout=120):
+def run(*args, env=None, timeout=120, cwd=None, input=None):
     e = dict(os.environ)
     for k in ("GPUPOOL_URL", "GPUPOOL_TOKEN", "GPUPOOL_API_URL", "GPUPOOL_API_TOKEN", "JUPYTERHUB_API_URL",
               "JUPYTERHUB_API_TOKEN", "JUPYTERHUB_PUBLIC_HUB_URL"):
         e.pop(k, None)
     e["GPUPOOL_CLIENT_CONFIG"] = "/nonexistent/gpupool.json"
     e.update(env or {})
-    res = subprocess.run([GPUPOOL, *args], capture_output=True, text=True, env=e, timeout=timeout)
+    res = subprocess.run([GPUPOOL, *args], capture_output=True, text=True, env=e, timeout=timeout, cwd=cwd,
+                         input=input)
     assert "Traceback" not in res.stderr, res.stderr
     return res
 
@@ -44,12 +49,16 @@ def test_usage_errors_exit_2_without_traceback():
     assert res.returncode == 2 and "unknown function 'loguni'" in res.stderr
 
 
-def test_unreachable_service_and_missing_config_exit_1():
+def test_unreachable_service_and_missing_config_exit_1(tmp_path):
     port = _dead_port()
+    res = run("sweep", "train.ipynb", "--objective", "acc", "--space", "lr=1,2", "--url", f"http://127.0.0.1:{port}",
+              cwd=tmp_path)
+    assert res.returncode == 1 and "cannot reach the gpupool service" in res.stderr and "Is the hub running?" in res.stderr
+    assert "started" not in res.stdout and not list(tmp_path.iterdir())  # no .gpupool-sweeps.db
     res = run("queues", "--url", f"http://127.0.0.1:{port}")
     assert res.returncode == 1 and f"127.0.0.1:{port}" in res.stderr and "connection refused" in res.stderr
     res = run("list")
-    assert res.returncode == 1 and "does not know where the service is" in res.stderr
+    assert res.returncode == 1 and "does not know where the hub is: run `gpupool login https://your-hub`" in res.stderr
 
 
 @pytest.mark.hub
@@ -119,7 +128,104 @@ def test_sweep_command(hub, env, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "sweep cli-sweep: started (2 trials, 2 at a time" in res.stdout
     assert 'best: score=10 trial' in res.stdout and '{"x": 3}' in res.stdout
+    assert "sweep cli-sweep finished: 2 of 2 trials done (2 complete)" in res.stdout
     trials = json.loads(run("list", "--all", "--sweep", "cli-sweep", "--json", env=env).stdout)
     assert len(trials) == 2 and {t["kind"] for t in trials} == {"hpo-trial"}
     assert sorted(t["parameters"]["x"] for t in trials) == [2, 3]
     assert all(t["parameters"]["steps"] == 2 for t in trials)
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_a_local_notebook_from_a_laptop_shell(hub, env, tmp_path):
+    """A notebook on this machine (not in the hub home, no kernelspec): its content is sent and it runs."""
+    laptop = tmp_path / "laptop"
+    (laptop / "work").mkdir(parents=True)
+    nb = notebook("import gpupool\ngpupool.log_metric('acc', 0.75, step=0)\nprint('ran from the laptop')")
+    del nb["metadata"]["kernelspec"]  # papermill would fail with "No kernel name found"
+    (laptop / "work" / "local-only.ipynb").write_text(json.dumps(nb))
+    res = run("submit", "work/local-only.ipynb", "-g", "0.5", "--wait", env=env, cwd=laptop)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"sent the content of the local file {laptop / 'work' / 'local-only.ipynb'}"
+    assert re.match(r"submitted j-\d+ \(local-only\) to queue vision asking for 0\.5 GPU: queued", lines[1]), lines
+    assert re.match(r"j-\d+ succeeded: the notebook ran to the end$", lines[-1]), lines
+    job_id = lines[1].split()[1]
+    assert "ran from the laptop" in run("logs", job_id, env=env).stdout
+    res = run("output", job_id, env=env)  # the result, read without a browser
+    assert res.returncode == 0 and "ran from the laptop" in res.stdout and "--- cell " in res.stdout
+    res = run("output", job_id, "-o", str(laptop / "result.ipynb"), env=env)
+    assert res.returncode == 0 and json.loads((laptop / "result.ipynb").read_text())["nbformat"] == 4
+    assert "acc: 1 points, last 0.75" in run("describe", job_id, env=env).stdout
+
+    # zero GPUs means a CPU-only job, said so; a memory slice is echoed and listed in Gi
+    res = run("submit", "work/local-only.ipynb", "-g", "0", "--name", "cpu-only", env=env, cwd=laptop)
+    assert res.returncode == 0 and "asking for 0 GPUs (CPU only)" in res.stdout, res.stdout + res.stderr
+    res = run("submit", "sleepy.ipynb", "--gpu-memory", "8Gi", env=env, cwd=laptop)  # a path in the hub home
+    assert res.returncode == 0 and "sent the content" not in res.stdout and "asking for 8Gi of one GPU" in res.stdout
+    sleeper = res.stdout.split()[1]
+    row = next(line for line in run("list", env=env).stdout.splitlines() if line.startswith(sleeper))
+    assert " 8Gi " in row and "8589934592" not in row
+    assert re.search(r"^gpus: +8Gi of one GPU$", run("describe", sleeper, env=env).stdout, re.M)
+    run("delete", sleeper, env=env)
+
+    # a path found on neither side says where it was looked up
+    res = run("submit", "nowhere.ipynb", env=env, cwd=laptop)
+    assert res.returncode == 1 and "no such file 'nowhere.ipynb' in your working directory on the hub" in res.stderr
+    assert f"nor is it a file on this machine ({laptop / 'nowhere.ipynb'})" in res.stderr
+    res = run("submit", str(laptop / "gone.ipynb"), env=env)
+    assert res.returncode == 1 and f"there is no file {laptop / 'gone.ipynb'} on this machine" in res.stderr
+    res = run("submit", "work/local-only.ipynb", "-g", "-1", env=env, cwd=laptop)
+    assert res.returncode == 2 and "must be >= 0" in res.stderr
+
+
+def _command_in(nb_path: Path) -> list[str]:
+    """The `gpupool ...` command a notebook's first markdown cell shows (in a fenced block)."""
+    import shlex
+
+    md = "".join(json.loads(nb_path.read_text())["cells"][0]["source"])
+    line = next(l.strip() for l in md.splitlines() if l.strip().startswith("gpupool "))
+    return shlex.split(line)[1:]
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_the_example_notebooks_own_command_runs_as_written(hub, env):
+    args = _command_in(REPO / "examples" / "train_checkpoint.ipynb")
+    res = run(*args, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "sent the content of the local file" in res.stdout
+    job = hub.wait_job(env["GPUPOOL_TOKEN"], res.stdout.splitlines()[1].split()[1], {"succeeded", "failed"}, timeout=120)
+    assert job["status"] == "succeeded", job["reason"]
+
+
+@pytest.mark.hub
+def test_login_with_a_password_or_a_pasted_token(hub, tmp_path):
+    cfg = tmp_path / "config" / "gpupool.json"
+    e = {"GPUPOOL_CLIENT_CONFIG": str(cfg)}
+    res = run("login", env=e)
+    assert res.returncode == 2 and "give the hub's URL, e.g. `gpupool login https://hub.example.org`" in res.stderr
+    res = run("login", hub.hub_url, "--user", "alice", env=e, input="wrong\n")
+    assert res.returncode == 1 and "refused user 'alice' with that password" in res.stderr and not cfg.exists()
+    # the password goes to the hub's token API; the token is stored for the next commands, owner-only
+    res = run("login", hub.hub_url, env=e, input=f"alice\n{PASSWORD}\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"logged in to {hub.hub_url} as alice; the URL and token are in {cfg} (readable by you only)"
+    assert cfg.stat().st_mode & 0o777 == 0o600
+    stored = json.loads(cfg.read_text())
+    assert stored["url"] == hub.hub_url and stored["user"] == "alice"
+    res = run("queues", env=e)
+    assert res.returncode == 0 and "vision" in res.stdout
+    # or paste a token from /hub/token (empty password)
+    token = hub.token("bob")
+    res = run("login", "--user", "bob", env=e, input=f"\n{token}\n")  # the URL stored by the last login
+    assert res.returncode == 0 and json.loads(cfg.read_text())["token"] == token, res.stderr
+    cfg.chmod(0o644)
+    res = run("login", "--token", "not-a-token", env=e)
+    assert res.returncode == 1 and "run `gpupool login`" in res.stderr
+    assert json.loads(cfg.read_text())["token"] == token  # a refused token is not stored
+    cfg.write_text(json.dumps({"url": hub.hub_url, "token": "expired"}))
+    res = run("list", env=e)
+    assert res.returncode == 1 and "the token was not accepted: run `gpupool login` for a new one" in res.stderr
+    res = run("login", "--token", token, env=e)
+    assert res.returncode == 0 and cfg.stat().st_mode & 0o777 == 0o600

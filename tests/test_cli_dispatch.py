@@ -39,3 +39,10 @@ def test_global_options_before_the_command_reach_the_client():
 def test_unknown_command_is_a_usage_error():
     res = subprocess.run([GPUPOOL, "frobnicate"], capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_version():
+    import gpupool
+
+    res = subprocess.run([GPUPOOL, "--version"], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == f"gpupool {gpupool.__version__}"

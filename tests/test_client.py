@@ -122,6 +122,37 @@ def test_build_body_validates_locally():
     assert build_body(notebook_content=nb)["notebook_content"] == nb
 
 
+def test_a_local_notebook_file_is_sent_as_content(tmp_path, monkeypatch):
+    nb = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.ipynb").write_text(json.dumps(nb))
+    (tmp_path / "broken.ipynb").write_text("{oops")
+    monkeypatch.chdir(tmp_path)
+    assert build_body("sub/train.ipynb", gpus=0.5) == {"notebook_content": nb, "name": "train", "gpus": 0.5}
+    assert build_body(tmp_path / "sub" / "train.ipynb", name="mine")["name"] == "mine"
+    assert build_body("elsewhere/train.ipynb") == {"notebook": "elsewhere/train.ipynb"}  # a path on the hub
+    with pytest.raises(gpupool.GPUPoolError, match="broken.ipynb is not a readable Jupyter notebook"):
+        build_body("broken.ipynb")
+    with pytest.raises(gpupool.GPUPoolError, match=f"no file {tmp_path}/gone.ipynb on this machine"):
+        build_body(str(tmp_path / "gone.ipynb"))
+
+
+def test_request_and_status_in_words():
+    from gpupool.client.jobs import request_text, status_line
+
+    assert [request_text(j) for j in ({"gpus": 0.5}, {"gpus": 2}, {"gpus": 1}, {"gpu_memory": 8 * 2**30},
+                                      {"gpu_memory": "8Gi"}, {"gpus": 0}, {})] == [
+        "0.5 GPU", "2 GPUs", "1 GPU", "8Gi of one GPU", "8Gi of one GPU", "0 GPUs (CPU only)", "0 GPUs (CPU only)"]
+    assert request_text({"gpus": 4, "pods": 2}) == "2 workers x 4 GPUs"
+    assert status_line({"status": "succeeded", "reason": "succeeded: the notebook ran to the end"}) == \
+        "succeeded: the notebook ran to the end"
+    assert status_line({"status": "failed", "reason": "failed"}) == "failed"
+    assert status_line({"status": "queued", "reason": "queued in vision: position 2"}) == "queued in vision: position 2"
+    assert status_line({"status": "running", "reason": "on box"}) == "running: on box"
+    job = gpupool.Job({"id": "j-000001", "name": "train", "gpus": 0.5, "status": "queued", "reason": "waiting"})
+    assert repr(job) == "<Job j-000001 train (0.5 GPU) queued: waiting>"
+
+
 def test_metrics_of_sorts_by_step():
     raw = {"loss": [{"step": 2, "value": 0.5, "t": "x"}, {"step": 1, "value": 0.9}]}
     assert metrics_of(raw) == {"loss": [(1, 0.9), (2, 0.5)]}
@@ -179,6 +210,7 @@ def test_submit_wait_logs_output_metrics(connected, hub):
     assert job.status == "succeeded", (job.reason, job.logs())
     assert job.reason  # a sentence for people
     assert job.metrics == {"acc": [(0, 0.0), (1, 0.25), (2, 0.5), (3, 0.75)]}
+    assert job.metric("acc") == 0.75 and job.metric("loss") is None and job.metric("loss", 0) == 0
     assert "Executing" in job.logs() and "trained with lr 0.25" in job.logs()
     out = job.output()
     assert isinstance(out, nbformat.NotebookNode)
@@ -223,8 +255,21 @@ def test_queues_nodes_and_in_memory_notebook(connected, hub):
     assert len(nodes["box"]["gpus"]) == 2 and len(nodes["box2"]["gpus"]) == 1
     nb = notebook("import gpupool\ngpupool.log_metric('x', 1.5, step=0)")
     job = gpupool.submit(notebook_content=nb, gpus=0.25, name="inline")
-    assert job.data["name"] == "inline"
+    assert job.data["name"] == "inline" and job.local_notebook is None
     job.cancel()
+
+
+@pytest.mark.hub
+def test_submit_a_local_notebook_file(connected, hub, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(nbformat.from_dict(notebook("print('from the laptop')")), "laptop.ipynb")
+    job = gpupool.submit("laptop.ipynb", gpus=0.25)
+    assert job.local_notebook == tmp_path / "laptop.ipynb"
+    assert job.data["name"] == "laptop" and job.data["notebook"] is None
+    job.cancel()
+    with pytest.raises(gpupool.BadRequest) as e:
+        gpupool.submit("missing.ipynb")
+    assert "working directory on the hub" in str(e.value) and "nor is it a file on this machine" in str(e.value)
 
 
 @pytest.mark.hub
@@ -249,3 +294,35 @@ def test_single_user_server_environment_finds_the_service(hub, monkeypatch, tmp_
     job = gpupool.submit("tiny.ipynb", gpus=0.25, client=c)
     assert job.data["user"] == "alice"
     job.cancel()
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_the_demo_welcome_notebook_runs_as_written(hub, tmp_path):
+    """examples/demo.ipynb, executed top to bottom in a home that has train.ipynb (as the demo's)."""
+    import os
+    import shutil
+
+    import papermill
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copy(root / "examples" / "train_checkpoint.ipynb", tmp_path / "train.ipynb")
+    token = hub.token("alice")
+    env = {"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": token, "GPUPOOL_CLIENT_CONFIG": str(tmp_path / "none.json")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits them
+    try:
+        out = papermill.execute_notebook(str(root / "examples" / "demo.ipynb"), str(tmp_path / "out.ipynb"),
+                                         cwd=str(tmp_path), kernel_name="python3", progress_bar=False)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    text = "".join(o.get("text", "") for c in out.cells for o in c.get("outputs", []))
+    assert "vision" in text and "you may submit: True" in text
+    job_id = next(w for w in text.split() if w.startswith("j-"))
+    job = api.Client(hub.hub_url, token).job(job_id)
+    assert job["name"] == "train" and job["parameters"] == {"steps": 60}
+    api.Client(hub.hub_url, token).cancel(job_id)

@@ -47,7 +47,7 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 
 def test_ci_values_cover_the_main_configurations():
-    assert CI == ["declared-inventory", "default", "postgres"]
+    assert CI == ["declared-inventory", "default", "postgres", "z2jh"]
 
 
 @pytest.mark.parametrize("name", CI)
@@ -165,12 +165,51 @@ def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, 
     else:
         assert c.GPUPool.nodes == [] and kube.discovery == "kubernetes"
         assert kube.home_claim == "claim-{username}"
+    culler = [sv for sv in c.JupyterHub.services if sv["name"] == "idle-culler"]
+    assert len(culler) == (0 if v.get("cull", {}).get("enabled") is False else 1)
+    if name == "z2jh":  # z2jh's names and shapes
+        assert c.JupyterHub.authenticator_class == "github" and c.JupyterHub.admin_access is True  # hub.config
+        assert c.GitHubOAuthenticator.client_id == "the-client-id" and c.Authenticator.admin_users == ["alice"]
+        assert c.JupyterHub.template_vars["announcement"].startswith("GPUs are shared")  # hub.extraConfig snippets,
+        assert c.Spawner.http_timeout == 120  # run in key order
+        assert c.KubeSpawner.image == "quay.io/jupyter/pytorch-notebook:2024-12-09"  # singleuser.image.name
+        assert [p["display_name"] for p in c.KubeSpawner.profile_list] == ["CPU only", "Half a GPU (vision)"]
+        assert c.KubeSpawner.environment == {"HF_HOME": "/home/jovyan/.cache/huggingface"}  # singleuser.extraEnv
+        assert c.KubeSpawner.cpu_limit == 4 and c.KubeSpawner.mem_guarantee == "4G"
+        cmd = culler[0]["command"]  # cull: jupyterhub-idle-culler as a hub service with its role
+        assert cmd[1:3] == ["-m", "jupyterhub_idle_culler"] and "--timeout=1800" in cmd and "--cull-every=300" in cmd
+        role = next(r for r in c.JupyterHub.load_roles if r["name"] == "idle-culler")
+        assert {"list:users", "read:users:activity", "delete:servers"} <= set(role["scopes"])
+        assert role["services"] == ["idle-culler"]
     if name == "postgres":
         assert c.KubeSpawner.profile_list[1]["kubespawner_override"]["gpupool"] == {"gpus": 0.5, "queue": "vision"}
         assert c.GPUPoolKubeSpawner.gpu_runtime_class == "nvidia" and kube.runtime_class == "nvidia"
         assert kube.memory == "16Gi" and kube.cpu == 4.0
         assert c.GitHubOAuthenticator.oauth_callback_url.startswith("https://")  # hub.extraConfig ran
         assert c.Authenticator.admin_users == {"alice"}
+
+
+def test_z2jh_values_render_ingress_and_proxy_tls(chart):
+    docs = render(chart, values("z2jh"))
+    (ing,) = by_kind(docs, "Ingress")
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    assert ing["metadata"]["annotations"] == {"cert-manager.io/cluster-issuer": "letsencrypt"}
+    assert ing["spec"]["tls"] == [{"hosts": ["hub.example.org"], "secretName": "hub-tls"}]
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "hub.example.org"
+    assert rule["http"]["paths"][0]["backend"]["service"] == {"name": "lab-gpupool-proxy-public", "port": {"name": "http"}}
+    proxy = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "lab-gpupool-proxy")
+    pod = proxy["spec"]["template"]["spec"]
+    chp = pod["containers"][0]
+    assert "--ssl-port=8443" in chp["command"] and "--ssl-cert=/etc/chp/tls/tls.crt" in chp["command"]
+    assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": "hub-tls"}}]
+    svc = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"] == "lab-gpupool-proxy-public")
+    assert {"name": "https", "port": 443, "targetPort": "https"} in svc["spec"]["ports"]
+    # the defaults render no ingress and no TLS
+    docs = render(chart, values("default"))
+    assert not by_kind(docs, "Ingress")
+    proxy = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "lab-gpupool-proxy")
+    assert not any("ssl" in a for a in proxy["spec"]["template"]["spec"]["containers"][0]["command"])
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -184,6 +223,11 @@ def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, 
     ({"database": {"type": "postgres"}}, "postgres"),
     ({"database": {"type": "postgres", "postgres": {"gpupoolUrl": "mysql://x"}}}, "gpupoolUrl"),
     ({"singleuser": {"profiles": [{"display_name": "x", "kubespawner_override": {"gpupool": {"gpus": 0}}}]}}, "gpus"),
+    ({"proxy": {"https": {"enabled": True, "type": "letsencrypt"}}}, "type"),
+    ({"proxy": {"https": {"enabled": True, "type": "secret"}}}, "secret"),
+    ({"cull": {"timeout": 0}}, "timeout"),
+    ({"ingress": {"enabled": True, "tls": [{"hosts": ["x"]}]}}, "secretName"),
+    ({"hub": {"extraConfig": {"00-x": 5}}}, "extraConfig"),
 ])
 def test_bad_values_fail_at_install(chart, bad, words):
     with pytest.raises(helm.HelmError) as e:
@@ -191,3 +235,13 @@ def test_bad_values_fail_at_install(chart, bad, words):
     assert words in str(e.value), str(e.value)
     with pytest.raises(helm.HelmValuesError):
         chart.validate_schema(bad)
+
+
+def test_placement_choices_are_the_schedulers():
+    import json
+
+    from gpupool.scheduler.placement import POLICIES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert tuple(schema["properties"]["gpupool"]["properties"]["placement"]["enum"]) == POLICIES
+    assert all(f"`{p}`" in (CHART.parents[1] / "docs" / "hub.md").read_text() for p in POLICIES)

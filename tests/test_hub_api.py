@@ -62,6 +62,16 @@ def test_configure_registers_service_scopes_roles_in_either_order():
 
     with pytest.raises(GPUPoolConfigError, match=r"c.GPUPool.nodes\[0\].gpus: must be an integer"):
         svc["environment"]["GPUPOOL_CONFIG"]()
+    # a misspelled setting is an error too (with the likely name), and every problem is named
+    c.GPUPool.preemtion_grace = 3
+    with pytest.raises(GPUPoolConfigError) as e:
+        svc["environment"]["GPUPOOL_CONFIG"]()
+    assert str(e.value).splitlines() == [
+        "c.GPUPool.preemtion_grace: no such setting (did you mean c.GPUPool.preemption_grace?)",
+        "c.GPUPool.nodes[0].gpus: must be an integer"]
+    del c.GPUPool["preemtion_grace"]
+    # the environment value is stored by JupyterHub as JSON: it must serialise (as a note), not be a function
+    assert json.loads(json.dumps(svc["environment"]))["GPUPOOL_CONFIG"].startswith("(computed by gpupool")
     # one set before configure is refused at once
     c2 = Config()
     c2.GPUPool.queues = [{"name": "q", "users": "alice"}]
@@ -150,7 +160,7 @@ def test_queue_permissions(hub, tokens):
 
 
 @pytest.mark.parametrize("body,field,words", [
-    ({"gpus": -1}, "gpus", "must be > 0"),
+    ({"gpus": -1}, "gpus", "must be >= 0 (0 means no GPU)"),
     ({"gpus": 1.5}, "gpus", "whole number"),
     ({"gpus": 8}, "gpus", "no node has 8 GPUs"),
     ({"gpus": "two"}, "gpus", "must be a number"),
@@ -335,7 +345,7 @@ def test_workspace_admission_for_the_spawner(hub, tokens):
     assert [w["user"] for w in listed] == ["alice"] and "env" not in listed[0]
     # bob may not have a workspace in vision (not his queue); bad input names the field
     assert hub.api("POST", "workspaces/bob", svc, json={"gpus": 1, "queue": "vision"}).status_code == 403
-    r = hub.api("POST", "workspaces/bob", svc, json={"gpus": 0})
+    r = hub.api("POST", "workspaces/bob", svc, json={"gpus": -0.5})
     assert r.status_code == 400 and r.json()["field"] == "gpus"
     d = hub.api("DELETE", "workspaces/alice", svc)
     assert d.status_code == 200 and d.json()["status"] == "stopped"
@@ -372,3 +382,15 @@ def test_service_logged_no_errors(hub):
     """Runs last in this module: no cycle failed and no request hit a 500 in all of the above."""
     log = hub.service_log()
     assert "scheduling cycle failed" not in log and "Traceback" not in log, log[-5000:]
+
+
+def test_a_job_of_a_user_without_a_working_directory_creates_it(hub, tokens):
+    import shutil
+
+    shutil.rmtree(hub.home("admin"))  # e.g. a user added after the homes were made
+    r = hub.api("POST", "jobs", tokens["admin"], json={"notebook_content": notebook("open('here.txt', 'w').write('x')"),
+                                                     "queue": "vision"})
+    assert r.status_code == 201, r.text
+    job = hub.wait_job(tokens["admin"], r.json()["id"], {"succeeded", "failed"}, timeout=60)
+    assert job["status"] == "succeeded", job["reason"]
+    assert (hub.home("admin") / "here.txt").read_text() == "x"

@@ -127,7 +127,8 @@ def test_demo_config_declared_and_real_gpus(tmp_path):
     settings = load(cfg, cwd=str(tmp_path))
     assert [q.name for q in settings.queues] == ["vision", "nlp"]
     assert sum(n.gpus for n in settings.nodes) == 8 and settings.access["vision"]["users"] == ["alice"]
-    assert (tmp_path / ".gpupool-demo" / "homes" / "carol" / "demo.ipynb").is_file()
+    for name in ("demo.ipynb", "train.ipynb"):  # the welcome notebook and a checkpointing first job
+        assert (tmp_path / ".gpupool-demo" / "homes" / "carol" / name).is_file()
 
 
 def test_cli_errors_are_messages(tmp_path):
@@ -147,15 +148,56 @@ def test_cli_errors_are_messages(tmp_path):
     assert res.returncode == 2 and "NVML finds no GPU" in res.stderr  # this machine has none
 
 
+class HubProcess:
+    """``gpupool hub ...`` run in its own session with its output in a file; ``stop()`` sends what
+    Ctrl-C sends, then kills whatever it left running (only processes recorded with their start time)."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        self.log = open(cwd / "hub.log", "w+")
+        self.proc = subprocess.Popen([GPUPOOL, "hub", *args], cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.descendants: dict[int, int] = {}  # pid -> start time: what we may kill at the end
+        self.rc: int | str | None = None
+        self.leftovers: list[int] = []
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_output(self, text: str, timeout: float = 90) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in (out := self.output()) and time.monotonic() < deadline and self.proc.poll() is None:
+            self.descendants.update(_children(self.proc.pid))
+            time.sleep(0.3)
+        assert text in out, out[-3000:]
+        return out
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # what Ctrl-C does
+        try:
+            self.rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session and group (start_new_session), not reaped yet
+            self.proc.wait()
+            self.rc = "killed"
+        time.sleep(0.5)
+        # the hub, its proxy, service and servers run in sessions of their own: kill each one left,
+        # but only while it is provably the process recorded (pid + start time)
+        self.leftovers = [p for p, started in self.descendants.items() if _still_ours(p, started)]
+        for p in self.leftovers:
+            _kill_if_ours(p, self.descendants[p])
+        out = self.output()
+        self.log.close()
+        return out
+
+
 @pytest.mark.hub
 @pytest.mark.slow
 def test_demo_hub_comes_up_and_stops(tmp_path):
     port = _free_block()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    log = open(tmp_path / "hub.log", "w+")
-    proc = subprocess.Popen([GPUPOOL, "hub", "--demo", "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    descendants: dict[int, int] = {}  # pid -> start time: what we may kill at the end
+    hub = HubProcess(["--demo", "--port", str(port)], tmp_path)
+    proc, descendants = hub.proc, hub.descendants
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
@@ -170,16 +212,10 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
                     break
             except (urllib.error.URLError, OSError):
                 time.sleep(0.5)
-        log.seek(0)
-        out = log.read()
-        assert status == 200, out[-3000:]
+        assert status == 200, hub.output()[-3000:]
         assert 'name="password"' in page  # the dummy authenticator's login form
         # the banner names the URL and the logins
-        deadline = time.monotonic() + 20
-        while "demo hub is up" not in out and time.monotonic() < deadline:
-            time.sleep(0.3)
-            log.seek(0)
-            out = log.read()
+        out = hub.wait_output("demo hub is up", 20)
         assert f"http://127.0.0.1:{port}/" in out and "password: gpupool" in out and "carol" in out
         # log in as alice with the documented password: the hub redirects to her spawn page
         import requests
@@ -218,6 +254,19 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
                 job = s.get(api + f"jobs/{job['id']}", headers=auth).json()
             assert job["status"] == "succeeded", job
             assert "worker 1 of 2" in s.get(api + f"jobs/{job['id']}/log?rank=1", headers=auth).text
+        # the first job needs no code: the home's train.ipynb, as the welcome notebook submits it
+        from gpupool.client import Client
+
+        alice = Client(base, token)
+        job = alice.submit({"notebook": "train.ipynb", "gpus": 0.5, "parameters": {"steps": 3, "step_seconds": 0}})
+        deadline = time.monotonic() + 90
+        while alice.job(job["id"])["status"] not in ("succeeded", "failed") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert alice.job(job["id"])["status"] == "succeeded", alice.job(job["id"])["reason"]
+        assert "finished 3 steps" in alice.log(job["id"])[0]
+        # a job that cannot start (4 more GPUs within vision's quota of 4, while her server holds 1) is
+        # still queued at Ctrl-C: the stop says which jobs outlive the hub
+        waiting = alice.submit({"notebook": "train.ipynb", "gpus": 4, "preemptible": False})["id"]
         # the demo's files are where the docs say, with the example notebook in every home
         demo = tmp_path / ".gpupool-demo"
         assert (demo / "jupyterhub_config.py").is_file()
@@ -231,25 +280,93 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         descendants.update(_children(proc.pid))
         assert descendants, "the hub runs as a child process"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # what Ctrl-C does
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session and group (start_new_session), not reaped yet
-            proc.wait()
-            rc = "killed"
-        time.sleep(0.5)
-        # the hub, its proxy, service and servers run in sessions of their own: kill each one left,
-        # but only while it is provably the process recorded (pid + start time)
-        leftovers = [p for p, started in descendants.items() if _still_ours(p, started)]
-        for p in leftovers:
-            _kill_if_ours(p, descendants[p])
-        log.seek(0)
-        tail = log.read()[-3000:]
-        log.close()
-    assert rc == 0, tail
-    assert not leftovers, f"processes left running: {leftovers}\n{tail}"
+        out = hub.stop()
+        tail = out[-3000:]
+    assert hub.rc == 0, tail
+    assert "Starting service 'idle-culler'" in out  # idle servers give their GPUs back
+    assert f"1 job not finished: {waiting} (queued)" in out and "the next start re-adopts them" in out
+    assert not hub.leftovers, f"processes left running: {hub.leftovers}\n{tail}"
     # servers were stopped before the service, so alice's GPU was released, not left allocated
     assert "stopping 1 server(s)" in tail and "could not release" not in tail, tail
     assert "released workspace workspaces/alice" in tail, tail
+
+
+BAD_CONFIG = """from gpupool.hub_ext import configure
+c = get_config()  # noqa
+configure(c)
+c.GPUPool.queues = [{"name": "a", "deserved": {"gpu": 2}}, {"name": "b", "deserved": {"gpu": -1}}]
+c.GPUPool.nodes = [{"name": "n", "gpus": 8}]
+c.GPUPool.preemtion_grace = 3
+c.GPUPool.kill_after = -2
+"""
+
+
+def test_config_check_prints_one_line_per_problem_and_runs_before_start(tmp_path):
+    cfg = tmp_path / "jupyterhub_config.py"
+    cfg.write_text(BAD_CONFIG)
+    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines() == [
+        f"gpupool hub: {cfg.name}: c.GPUPool.preemtion_grace: no such setting (did you mean c.GPUPool.preemption_grace?)",
+        f"gpupool hub: {cfg.name}: c.GPUPool.queues[1].deserved.gpu: must be >= 0",
+        f"gpupool hub: {cfg.name}: c.GPUPool.kill_after: must be >= 0"]
+    # the same check stops `gpupool hub` before JupyterHub starts (no traceback, nothing created)
+    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--port", str(_free_block(1))], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=60)
+    assert res.returncode == 1 and "no such setting" in res.stderr and "not starting JupyterHub" in res.stderr
+    assert "Traceback" not in res.stderr and sorted(p.name for p in tmp_path.iterdir()) == [cfg.name]
+    # over-committed quotas are a warning; a file that never calls configure(c) is an error
+    cfg.write_text(BAD_CONFIG.replace('"gpu": -1', '"gpu": 7').replace("c.GPUPool.preemtion_grace = 3\n", "")
+                   .replace("c.GPUPool.kill_after = -2\n", ""))
+    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        "gpupool hub: warning: c.GPUPool.queues: the top-level queues deserve 9 GPUs but the pool has 8 "
+        "(over-committed: when every queue wants its share, some get less than they deserve)"]
+    assert res.stdout.strip() == f"gpupool hub: {cfg.name}: the gpupool settings are fine"
+    cfg.write_text("c = get_config()  # noqa\nc.JupyterHub.port = 8000\n")
+    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 1 and "does not call configure(c)" in res.stderr
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_config_hub_listens_where_the_banner_says(tmp_path):
+    """`gpupool hub --config FILE --port N` with a config naming no address: 127.0.0.1 only, as the
+    banner and --help say; the start-up log has none of the old noise."""
+    import psutil
+
+    port = _free_block()
+    cfg = tmp_path / "jupyterhub_config.py"
+    cfg.write_text(f"""from gpupool.hub_ext import configure
+c = get_config()  # noqa
+c.JupyterHub.hub_port = {port + 2}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{port + 1}"
+c.JupyterHub.authenticator_class = "dummy"
+c.GPUPool.port = {port + 3}
+configure(c)
+c.GPUPool.nodes = []
+""")
+    hub = HubProcess(["--config", cfg.name, "--port", str(port)], tmp_path)
+    try:
+        out = hub.wait_output("gpupool hub is up")
+        assert f"gpupool hub is up: http://127.0.0.1:{port}/" in out
+        listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        assert listening == {"127.0.0.1"}, listening
+    finally:
+        out = hub.stop()
+    assert hub.rc == 0 and not hub.leftovers, out[-3000:]
+    for noise in ("404 GET /hub/health", "ECONNREFUSED", "Non-jsonable data", "Ignoring unrecognized key"):
+        assert noise not in out, noise
+
+
+@pytest.mark.parametrize("doc, heading", [("README.md", "## For admins"), ("docs/hub.md", "## Set-up")])
+def test_the_documented_admin_configs_pass_the_check(tmp_path, doc, heading):
+    """The jupyterhub_config.py examples of the README and docs/hub.md, as written."""
+    text = (ROOT / doc).read_text()
+    block = text[text.index(heading):].split("```python\n", 1)[1].split("```", 1)[0]
+    cfg = tmp_path / "jupyterhub_config.py"
+    cfg.write_text(block)
+    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and res.stderr == "", res.stderr

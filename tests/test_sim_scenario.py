@@ -333,3 +333,17 @@ def test_cycle_limit_stops_a_replay_that_never_settles():
     assert r["metrics"]["end"].startswith("cycle limit")
     res = run_cli(str(ROOT / "examples" / "scenarios" / "reclaim.yaml"), "--max-cycles", "0")
     assert res.returncode == 2 and "--max-cycles: must be >= 1" in res.stderr
+
+
+def test_the_scenario_doc_example_runs_as_written_and_docs_stay_in_the_repository():
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "scenario.md").read_text()
+    example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    report = simulate(parse_scenario(yaml.safe_load(example), name="doc-example"), seed=0)
+    done = {w["name"]: w for w in report["workloads"]}
+    assert set(done) == {"train-1", "notebook"} and all(w["finished"] is not None for w in done.values())
+    # the format is described in docs/, not in material outside the repository
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        assert "spec/scenario.md" not in doc.read_text(), doc

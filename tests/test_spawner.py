@@ -28,6 +28,7 @@ def parse(opts, **kw):
 def test_valid_requests():
     assert parse({}) == GPURequest(gpus=0, queue="vision", preemptible=False)
     assert parse({"gpus": 0.5}) == GPURequest(gpus=0.5, queue="vision")
+    assert parse({"gpus": 0.3}).gpus == 0.3  # any fraction, as for jobs (hub_ext/gpus.py); the menu offers some
     assert parse({"gpus": "2", "queue": "shared", "preemptible": "on"}) == GPURequest(2, 0, "shared", True)
     r = parse({"gpu_memory": "20Gi", "preemptible": False})
     assert (r.gpus, r.gpu_memory, r.wants_gpu) == (0, 20 * GiB, True)
@@ -38,8 +39,7 @@ def test_valid_requests():
 
 
 @pytest.mark.parametrize("opts, field, words", [
-    ({"gpus": -1}, "gpus", "0 or more"),
-    ({"gpus": 0.3}, "gpus", "not offered; choose 0, 0.25, 0.5 or a whole number 1..4"),
+    ({"gpus": -1}, "gpus", "must be >= 0 (0 means no GPU)"),
     ({"gpus": 1.5}, "gpus", "whole number"),
     ({"gpus": 5}, "gpus", "at most 4"),
     ({"gpus": "lots"}, "gpus", "not a number"),
@@ -112,6 +112,7 @@ def test_render_form():
 # ---------------------------------------------------------------------------------------------
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -363,7 +364,7 @@ def test_preempted_workspace_server_is_stopped_and_the_owner_gets_the_gpu(hub):
 
 @pytest.mark.hub
 @pytest.mark.parametrize("options, words", [
-    ({"gpus": 0.3}, "gpus: 0.3 is not offered"),
+    ({"gpus": 1.5}, "gpus: 1.5: above 1 must be a whole number of GPUs"),
     ({"gpus": 3}, "gpus: 3 is more than a workspace may use (at most 2)"),
     ({"gpus": 1, "queue": "nlp"}, "queue: you may not use queue 'nlp' (yours: vision)"),
     ({"gpu_memory": "1Ti"}, "gpu_memory: 1Ti is more than one GPU has (24Gi)"),
@@ -407,6 +408,22 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
              extra_config=_extra(tmp_path)) as hub:
         _start(hub, "alice", {"gpus": 1})
         _wait_ready(hub, "alice")
+        # the CLI lists, describes and refuses to delete her server, with its GPU and idle time
+        from test_cli import run
+
+        ws = hub.wait_for(lambda: (_workspace(hub, "alice") or {}).get("last_activity") and _workspace(hub, "alice"), 10)
+        cli = {"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": hub.token("alice")}
+        res = run("list", env=cli)
+        row = next(line for line in res.stdout.splitlines() if line.startswith(ws["id"]))
+        assert re.match(rf"{ws['id']} +alice +- +lab +running +1 +box:0\(1\) +\d+[smhd] ", row), res.stdout
+        res = run("describe", ws["id"], env=cli)
+        assert res.returncode == 0 and re.search(r"^gpus: +1 GPU$", res.stdout, re.M), res.stdout
+        assert re.search(r"^last activity: .*\(idle \d+[smhd]\)$", res.stdout, re.M), res.stdout
+        res = run("delete", ws["id"], env=cli)
+        assert res.returncode == 1 and f"{ws['id']} is the notebook server alice/: stop it" in res.stderr
+        assert _workspace(hub, "alice")["status"] == "running"
+        res = run("describe", "w-999999", env=cli)
+        assert res.returncode == 1 and "no workspace 'w-999999'" in res.stderr
         # bob's job waits for alice's GPU
         bob = hub.token("bob")
         r = hub.api("POST", "jobs", bob, json={"notebook_content": notebook("print('ran')"), "gpus": 1})
@@ -446,6 +463,23 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
         assert reason.startswith("released: the hub reports server alice/ not running"), reason
         log = hub.service_log()
         assert "released workspace w-" in log and "the hub reports server alice/ not running" in log
+
+
+@pytest.mark.hub
+def test_idle_culler_stops_an_idle_server_and_frees_its_gpu(tmp_path):
+    """add_idle_culler(c): jupyterhub-idle-culler runs as a hub service; an idle server is stopped
+    and the gpupool spawner releases its GPU."""
+    from hub_harness import Hub
+
+    gp = {"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "24Gi"}], "queues": [{"name": "lab", "deserved": {"gpu": 1}}]}
+    extra = _extra(tmp_path) + "from gpupool.hub_ext import add_idle_culler\nadd_idle_culler(c, timeout=3, every=1)\n"
+    with Hub(tmp_path, gpupool=gp, users=["alice"], admins=["admin"], extra_config=extra) as hub:
+        _start(hub, "alice", {"gpus": 1})
+        _wait_ready(hub, "alice")
+        assert _workspace(hub, "alice")["status"] == "running"
+        hub.wait_for(lambda: _server(hub, "alice") is None, 60, 0.5, message="the idle server was not culled")
+        hub.wait_for(lambda: _workspace(hub, "alice") is None, 20, message="the culled server kept its GPU")
+        assert "Culling server alice" in hub.hub_log() or "Culling server" in hub.hub_log(), hub.hub_log()[-3000:]
 
 
 @pytest.mark.hub

@@ -1,6 +1,7 @@
 """HPO sweeps: space helpers and parsing (pure), and real sweeps of notebook jobs through the hub."""
 from __future__ import annotations
 
+import json
 import time
 
 import optuna
@@ -130,12 +131,44 @@ def test_pruner_cancels_a_trial_that_falls_behind(alice, tmp_path):
 
 
 @pytest.mark.hub
-def test_a_refused_submission_stops_the_sweep_with_the_service_reason(alice, tmp_path):
-    s = gpupool.sweep("quad.ipynb", space={"x": [1, 2]}, objective="score", queue="nope", name="refused",
-                      storage=tmp_path / "s.db", poll=0.2, client=alice)
-    with pytest.raises(sw.SweepError, match="queue: unknown queue 'nope'"):
+def test_a_refused_submission_stops_the_sweep_and_leaves_no_state(alice, tmp_path):
+    storage = tmp_path / "s.db"
+    with pytest.raises(sw.SweepError, match="queue: unknown queue 'nope'"):  # checked before any state is made
+        gpupool.sweep("quad.ipynb", space={"x": [1, 2]}, objective="score", queue="nope", storage=storage, client=alice)
+    with pytest.raises(sw.SweepError, match="may not submit to queue 'nlp'"):
+        gpupool.sweep("quad.ipynb", space={"x": [1, 2]}, objective="score", queue="nlp", storage=storage, client=alice)
+    assert not storage.exists()
+    s = gpupool.sweep("quad.ipynb", space={"x": [1, 2]}, objective="score", gpus=3, name="refused",
+                      storage=storage, poll=0.2, client=alice)
+    with pytest.raises(sw.SweepError, match="gpus: no node has 3 GPUs"):
         s.wait(timeout=60, progress=False)
-    assert s.status == "failed" and "nope" in s.error
+    assert s.status == "failed" and "no node has 3 GPUs" in s.error and s.summary()["status"] == "failed"
+    assert not storage.exists()  # nothing ran: the study and the file it created are gone
+    # the name can be used again; the same name with another notebook is refused
+    sw.Sweep("quad.ipynb", {"x": [1, 2]}, "score", name="refused", storage=storage, client=alice)  # not started
     with pytest.raises(sw.SweepError, match="already exists .* choose another name"):
         gpupool.sweep("tiny.ipynb", space={"x": [1, 2]}, objective="score", name="refused",
-                      storage=tmp_path / "s.db", client=alice)
+                      storage=storage, client=alice)
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_rerunning_a_failed_sweep_name_judges_the_new_trials(alice, tmp_path, monkeypatch):
+    """A sweep whose notebook was broken fails; once the (local) notebook is fixed, the same name
+    resumes and finishes: the old failures do not fail the new run."""
+    from hub_harness import notebook
+
+    monkeypatch.chdir(tmp_path)
+    nb = tmp_path / "trial.ipynb"
+    nb.write_text(json.dumps(notebook("raise ValueError('bug')", parameters="x = 0")))
+    kw = dict(space={"x": [1, 2, 3, 4, 5]}, objective="score", sampler="grid", parallel=3, gpus=0.25,
+              name="fix-me", storage=tmp_path / "s.db", poll=0.3, client=alice)
+    first = gpupool.sweep("trial.ipynb", trials=3, **kw)
+    with pytest.raises(sw.SweepError, match="the first 3 trials all failed"):
+        first.wait(timeout=120, progress=False)
+    nb.write_text(json.dumps(notebook("import gpupool\ngpupool.log_metric('score', x, step=0)", parameters="x = 0")))
+    second = gpupool.sweep("trial.ipynb", trials=5, **kw)
+    assert second.resumed
+    second.wait(timeout=120, progress=False)
+    assert second.status == "finished" and second.error is None
+    assert second.summary()["counts"] == {"complete": 2, "pruned": 0, "failed": 3, "running": 0}

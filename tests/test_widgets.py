@@ -65,6 +65,10 @@ def test_job_and_sweep_rendering():
     html = render.job_html(job, log_tail="Executing cell 1")
     assert 'data-status="queued"' in html and "position 1, waiting for 1 GPU" in html
     assert 'data-metric="val_acc"' in html and "<polyline" in html and "Executing cell 1" in html
+    # the request in the client's words: a memory slice is 8Gi, not a count of bytes
+    sliced = {**JOBS[1], "gpus": 0, "gpu_memory": 8 * 2**30}
+    assert "8Gi of one GPU" in render.job_html(sliced) and "8Gi of one GPU" in render.jobs_html([sliced])
+    assert "8589934592" not in render.job_html(sliced) + render.jobs_html([sliced])
     summary = {"name": "lr", "status": "running", "objective": "val_acc", "direction": "maximize", "total": 4,
                "done": 2, "counts": {"complete": 1, "pruned": 1, "failed": 0, "running": 1},
                "best": {"number": 0, "value": 0.9, "params": {"lr": 0.01}, "job_id": "j-000010"},

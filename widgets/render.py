@@ -273,14 +273,14 @@ def _workers_text(j: Mapping) -> str | None:
 
 
 def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, str] | None = None) -> str:
-    from gpupool.client.jobs import metrics_of
+    from gpupool.client.jobs import metrics_of, request_text
     j = job
     program = None
     if j.get("script"):
         program = " ".join([str(j["script"]), *map(str, j.get("args") or [])])
     elif j.get("command"):
         program = " ".join(map(str, j["command"]))
-    want = f'{j.get("gpus")} GPU' if j.get("gpu_memory") is None else f'{j.get("gpu_memory")} GPU memory'
+    want = request_text(j)
     facts = [("queue", j.get("queue")), ("kind", j.get("kind")), ("asks", want), ("runs", program),
              ("workers", _workers_text(j)),
              ("position", j.get("position") if j.get("status") == "queued" else None),
@@ -310,9 +310,10 @@ def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, 
 def jobs_html(jobs: Sequence[Mapping], user: str | None = None) -> str:
     if not jobs:
         return f'<div style="{FONT}">You have no jobs. Submit one with gpupool.submit("train.ipynb", gpus=0.5).</div>'
+    from gpupool.client.jobs import request_text
     trs = []
     for j in jobs:
-        want = f'{j.get("gpus"):g}' if isinstance(j.get("gpus"), (int, float)) else str(j.get("gpu_memory") or "")
+        want = request_text(j)
         trs.append(f'<tr class="gpupool-jobrow" data-job="{E(str(j.get("id")))}">' + _td(E(str(j.get("id"))))
                    + _td(E(str(j.get("name") or ""))) + _td(E(str(j.get("queue") or ""))) + _td(badge(j.get("status")))
                    + _td(E(want)) + _td(E(j.get("reason") or ""), "max-width:420px") + "</tr>")

@@ -96,8 +96,8 @@ def error_from_response(resp: requests.Response) -> GPUPoolError:
         message = f"{status} {resp.reason or ''}".strip()
         if status == 404:
             message = f"not found: {resp.url} (is this the gpupool service?)"
-    if status == 401 and "token" not in message.lower():
-        message = f"{message} (the token was not accepted; check GPUPOOL_TOKEN / gpupool.connect(token=...))"
+    if status == 401 and "gpupool login" not in message:
+        message = f"{message} (the token was not accepted: run `gpupool login` for a new one)"
     cls = _BY_STATUS.get(status)
     if cls is None:
         cls = ServiceError if status >= 500 else GPUPoolError
@@ -172,7 +172,7 @@ class Client:
             why = "connection refused" if "refused" in str(e).lower() else "cannot connect"
             raise ConnectionFailed(
                 f"cannot reach the gpupool service at {self.url} ({why}; URL from {self.url_source}). "
-                "Is the hub running? Set GPUPOOL_URL or call gpupool.connect(url=...).", url=url) from None
+                "Is the hub running? `gpupool login URL` sets the URL.", url=url) from None
         except requests.Timeout:
             raise ConnectionFailed(f"the gpupool service at {self.url} did not answer within "
                                    f"{timeout or self.timeout:g}s", url=url) from None
@@ -180,7 +180,7 @@ class Client:
             raise ConnectionFailed(f"request to the gpupool service at {self.url} failed: {e}", url=url) from None
         if resp.status_code in (301, 302, 303, 307, 308):
             loc = resp.headers.get("Location", "")
-            hint = " (redirected to a login page: the token was not accepted)" if "login" in loc else ""
+            hint = " (redirected to a login page: the token was not accepted; run `gpupool login`)" if "login" in loc else ""
             raise ConnectionFailed(f"{url} redirected to {loc}{hint}; is {self.url} the gpupool API?", url=url)
         if resp.status_code >= 400:
             raise error_from_response(resp)

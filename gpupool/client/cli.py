@@ -1,4 +1,4 @@
-"""``gpupool submit | list | describe | logs | delete | queues | nodes | top | sweep`` (docs/cli.md).
+"""``gpupool login | submit | list | describe | logs | output | delete | queues | nodes | top | sweep`` (docs/cli.md).
 
 Tables are plain aligned text for people; ``--json`` prints the service's objects for scripts.
 Exit codes: 0 ok, 1 the service refused or failed (its message is printed), 2 usage error,
@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Callable, Sequence
+from urllib.parse import quote
 
-from .api import Client, ConnectionFailed, GPUPoolError, connect
-from .jobs import ACTIVE, TERMINAL, KINDS, Job, build_body, metrics_of
+from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
+from ..scheduler.units import format_bytes, parse_bytes
+from .jobs import ACTIVE, TERMINAL, KINDS, Job, build_body, metrics_of, post_job, request_text, status_line
 
 
 class UsageError(Exception):
@@ -45,12 +48,7 @@ def _gpu(d) -> str:
 
 
 def _bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}".replace(f".0{unit}", unit)
-    return f"{n}B"
+    return "-" if n is None else format_bytes(parse_bytes(n))
 
 
 def _utf8() -> bool:
@@ -58,8 +56,8 @@ def _utf8() -> bool:
 
 
 def _want(j: dict) -> str:
-    """What a job asks for: ``0.5``, ``8Gi``; ``2x4`` for two workers of four GPUs each."""
-    want = str(j.get("gpu_memory")) if j.get("gpu_memory") else _num(j.get("gpus"))
+    """What a job asks for in a table cell: ``0.5``, ``8Gi``; ``2x4`` for two workers of four GPUs each."""
+    want = _bytes(j["gpu_memory"]) if j.get("gpu_memory") else _num(j.get("gpus") or 0)
     return f'{j["pods"]}x{want}' if (j.get("pods") or 1) > 1 else want
 
 
@@ -123,21 +121,51 @@ def cmd_submit(args) -> int:
                       preemptible=False if args.non_preemptible else None, cpu=args.cpu, memory=args.memory,
                       args=prog_args, pods=args.pods)
     c = _client(args)
-    job = Job(c.submit(body), client=c)
+    job = post_job(body, args.notebook, c)
     if args.json and not args.wait:
         _print_json(job.data)
         return 0
     if not args.json:
-        print(f"submitted {job.id} ({job.data.get('name')}) to queue {job.data.get('queue')}: "
-              f"{job.data.get('status')}: {job.data.get('reason') or ''}")
+        if job.local_notebook is not None:
+            print(f"sent the content of the local file {job.local_notebook}")
+        print(f"submitted {job.id} ({job.data.get('name')}) to queue {job.data.get('queue')} "
+              f"asking for {request_text(job.data)}: {status_line(job.data)}")
     if args.wait:
         job.wait(progress=not args.json and sys.stderr.isatty())
         if args.json:
             _print_json(job.data)
         else:
-            print(f"{job.id} {job.data.get('status')}: {job.data.get('reason') or ''}")
+            print(f"{job.id} {status_line(job.data)}")
         return 0 if job.data.get("status") == "succeeded" else 1
     return 0
+
+
+def _since(iso: str | None) -> str:
+    """How long ago an ISO time was: ``45s``, ``12m``, ``3h``, ``2d`` (``-`` when unknown)."""
+    if not iso:
+        return "-"
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return "-"
+    secs = max(0, int((datetime.now(timezone.utc) - t).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
+def _is_workspace(ident: str) -> bool:
+    return ident.startswith("w-")
+
+
+def _workspace(c: Client, ws_id: str) -> dict:
+    for w in c.workspaces():
+        if w.get("id") == ws_id:
+            return w
+    raise NotFound(f"no workspace {ws_id!r} (a notebook server that holds or waits for GPUs; `gpupool list` shows them)")
 
 
 def cmd_list(args) -> int:
@@ -148,24 +176,55 @@ def cmd_list(args) -> int:
     if args.json:
         _print_json(jobs)
         return 0
+    spaces = [] if args.sweep else [w for w in c.workspaces() if (not args.user or w.get("user") == args.user)
+                                     and (not args.status or w.get("status") == args.status)]
     if not jobs:
         print("no jobs" + ("" if args.all else " running or queued (use --all for finished ones)"))
+    else:
+        rows = [(j.get("id"), j.get("name"), j.get("user"), j.get("queue"), j.get("kind"), j.get("status"), _want(j),
+                 _alloc(j), (j.get("reason") or "")[:100]) for j in jobs]
+        print(table(["ID", "NAME", "USER", "QUEUE", "KIND", "STATUS", "GPUS", "ON", "REASON"], rows))
+    if spaces:
+        rows = [(w.get("id"), w.get("user"), w.get("server") or "-", w.get("queue"), w.get("status"), _want(w),
+                 _alloc(w), _since(w.get("last_activity")), (w.get("reason") or "")[:100]) for w in spaces]
+        print("\nnotebook servers (workspaces):")
+        print(table(["ID", "USER", "SERVER", "QUEUE", "STATUS", "GPUS", "ON", "IDLE", "REASON"], rows))
+    return 0
+
+
+def _print_fields(fields: list[tuple[str, Any]]) -> None:
+    width = max(len(k) for k, _ in fields)
+    for k, v in fields:
+        if v is not None and v != "":
+            print(f"{k + ':':<{width + 1}} {v}")
+
+
+def _describe_workspace(c: Client, args) -> int:
+    w = _workspace(c, args.job)
+    if args.json:
+        _print_json(w)
         return 0
-    rows = [(j.get("id"), j.get("name"), j.get("user"), j.get("queue"), j.get("kind"), j.get("status"), _want(j),
-             _alloc(j), (j.get("reason") or "")[:100]) for j in jobs]
-    print(table(["ID", "NAME", "USER", "QUEUE", "KIND", "STATUS", "GPUS", "ON", "REASON"], rows))
+    idle = _since(w.get("last_activity"))
+    _print_fields([("id", w.get("id")), ("kind", "workspace (a notebook server)"), ("user", w.get("user")),
+                   ("server", w.get("server") or "(default)"), ("queue", w.get("queue")), ("status", w.get("status")),
+                   ("reason", w.get("reason")), ("position", w.get("position")), ("gpus", request_text(w)),
+                   ("preemptible", w.get("preemptible")), ("allocation", _alloc(w) or None),
+                   ("submitted", w.get("submitted_at")), ("started", w.get("started_at")),
+                   ("last activity", f"{w['last_activity']} (idle {idle})" if w.get("last_activity") else None)])
     return 0
 
 
 def cmd_describe(args) -> int:
     c = _client(args)
+    if _is_workspace(args.job):
+        return _describe_workspace(c, args)
     j = c.job(args.job)
     if args.json:
         _print_json(j)
         return 0
     fields: list[tuple[str, Any]] = [("id", j.get("id")), ("name", j.get("name")), ("user", j.get("user")), ("queue", j.get("queue")),
               ("kind", j.get("kind")), ("status", j.get("status")), ("reason", j.get("reason")),
-              ("position", j.get("position")), ("gpus", _want(j)), ("priority", j.get("priority")),
+              ("position", j.get("position")), ("gpus", request_text(j)), ("priority", j.get("priority")),
               ("preemptible", j.get("preemptible")), ("notebook", j.get("notebook")),
               ("script", " ".join([j["script"], *(j.get("args") or [])]) if j.get("script") else None),
               ("command", " ".join(j["command"]) if j.get("command") else None),
@@ -176,10 +235,7 @@ def cmd_describe(args) -> int:
               ("preemptions", j.get("preemptions")), ("restarts", j.get("restarts")),
               ("exit code", j.get("exit_code")),
               ("checkpoint", (j.get("checkpoint") or {}).get("latest") if j.get("checkpoint") else None)]
-    width = max(len(k) for k, _ in fields)
-    for k, v in fields:
-        if v is not None and v != "":
-            print(f"{k + ':':<{width + 1}} {v}")
+    _print_fields(fields)
     if (j.get("pods") or 1) > 1:
         print("workers:")
         for w in j.get("workers") or []:
@@ -204,7 +260,44 @@ def cmd_logs(args) -> int:
     for chunk in job.follow_logs(poll=1.0, rank=args.rank):
         sys.stdout.write(chunk)
         sys.stdout.flush()
-    print(f"\n[{job.id} {job.data.get('status')}: {job.data.get('reason') or ''}]", file=sys.stderr)
+    print(f"\n[{job.id} {status_line(job.data)}]", file=sys.stderr)
+    return 0
+
+
+def notebook_text(nb: dict) -> str:
+    """What a person reads in an executed notebook: each code cell's printed text, results and errors."""
+    out = []
+    for i, cell in enumerate(nb.get("cells") or []):
+        if cell.get("cell_type") != "code":
+            continue
+        parts = []
+        for o in cell.get("outputs") or []:
+            kind = o.get("output_type")
+            if kind == "stream":
+                parts.append("".join(o.get("text") or ""))
+            elif kind in ("execute_result", "display_data"):
+                text = (o.get("data") or {}).get("text/plain")
+                if text:
+                    parts.append("".join(text) + "\n")
+            elif kind == "error":
+                parts.append(f"{o.get('ename')}: {o.get('evalue')}\n")
+        if parts:
+            out.append(f"--- cell {i} ---\n" + "".join(parts))
+    return "".join(out)
+
+
+def cmd_output(args) -> int:
+    c = _client(args)
+    text = c.output(args.job)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote the executed notebook of {args.job} to {args.output}")
+        return 0
+    if args.json:
+        sys.stdout.write(text)
+        return 0
+    sys.stdout.write(notebook_text(json.loads(text)) or f"{args.job}: the executed notebook has no outputs\n")
     return 0
 
 
@@ -214,10 +307,15 @@ def cmd_delete(args) -> int:
     out = []
     for job_id in args.jobs:
         try:
+            if _is_workspace(job_id):
+                w = _workspace(c, job_id)
+                server = f"{w.get('user')}/{w.get('server') or ''}"
+                raise GPUPoolError(f"{job_id} is the notebook server {server}: stop it from the hub's control panel "
+                                   "(File > Hub Control Panel, or /hub/home) and its GPUs go back to the pool at once")
             j = c.cancel(job_id)
             out.append(j)
             if not args.json:
-                print(f"{j.get('id')} {j.get('status')}: {j.get('reason') or ''}")
+                print(f"{j.get('id')} {status_line(j)}")
         except GPUPoolError as e:
             if isinstance(e, ConnectionFailed):
                 raise
@@ -343,12 +441,69 @@ def cmd_sweep(args) -> int:
         _print_json(summ)
     else:
         b = summ["best"]
-        print(f"sweep {s.name} {summ['status']}: {summ['counts']}")
+        counts = ", ".join(f"{n} {state}" for state, n in summ["counts"].items() if n)
+        print(f"sweep {s.name} {summ['status']}: {summ['done']} of {summ['total']} trials done"
+              + (f" ({counts})" if counts else ""))
         if b:
             print(f"best: {args.objective}={b['value']:.6g} trial {b['number']} ({b['job_id']}) {json.dumps(b['params'])}")
     if summ["status"] == "failed":
         print(f"gpupool: error: sweep {s.name} failed: {s.error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _ask(prompt: str, secret: bool = False) -> str:
+    """A line from the terminal (hidden for secrets), or from stdin when it is not a terminal."""
+    if sys.stdin.isatty():
+        import getpass
+
+        return (getpass.getpass(prompt) if secret else input(prompt)).strip()
+    print(prompt, end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip()
+
+
+def cmd_login(args) -> int:
+    import getpass
+    import platform
+
+    import requests
+
+    from . import config as cfg
+
+    given = args.hub or args.url
+    url = given or os.environ.get("GPUPOOL_URL") or cfg._read_config_file()[0].get("url")
+    if not url:
+        raise UsageError("give the hub's URL, e.g. `gpupool login https://hub.example.org`")
+    hub = cfg.hub_base(url)
+    token, user = args.token, args.user
+    if not token:
+        user = user or _ask(f"{hub} user name [{getpass.getuser()}]: ") or getpass.getuser()
+        password = _ask(f"password for {user} (empty: paste a token from {hub}hub/token instead): ", secret=True)
+        if password:
+            api = f"{hub}hub/api/users/{quote(user, safe='')}/tokens"
+            body = {"auth": {"username": user, "password": password}, "scopes": ["custom:gpupool:submit"],
+                    "note": f"gpupool login on {platform.node() or 'this machine'}"}
+            try:
+                r = requests.post(api, json=body, timeout=30, allow_redirects=False)
+            except requests.RequestException as e:
+                raise ConnectionFailed(f"cannot reach the hub at {hub} ({type(e).__name__}). Is the URL right and "
+                                       "the hub running?", url=api) from None
+            if r.status_code in (401, 403):
+                raise GPUPoolError(f"the hub at {hub} refused user {user!r} with that password (if it logs in "
+                                   f"through another site, paste a token from {hub}hub/token instead)", status=403)
+            if r.status_code != 201:
+                raise GPUPoolError(f"the hub at {hub} did not create a token ({r.status_code} {r.reason} from {api}); "
+                                   f"paste one from {hub}hub/token instead", status=r.status_code)
+            token = r.json()["token"]
+        else:
+            token = _ask(f"token (from {hub}hub/token): ", secret=True)
+            if not token:
+                raise UsageError("no password and no token given")
+    c = Client(hub, token, url_source="gpupool login")
+    c.queues()  # the token works for the gpupool service (else Unauthorized / Forbidden with the reason)
+    path = cfg.save_config(hub, token, user)
+    who = f" as {user}" if user else ""
+    print(f"logged in to {hub}{who}; the URL and token are in {path} (readable by you only)")
     return 0
 
 
@@ -400,7 +555,8 @@ def _submit_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="run PROGRAM ARGS... as a command, e.g. --command python -m mypkg.train --lr 3e-4")
     p.add_argument("--pods", "--workers", type=int, dest="pods", metavar="N",
                    help="run N workers (a distributed job), each with --gpus; they start together")
-    p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs: whole (1, 2) or a fraction (0.5)")
+    p.add_argument("-g", "--gpus", type=_float_gpus, help="GPUs: whole (1, 2), a fraction (0.5) or 0 for a "
+                                                          "CPU-only job (the default)")
     p.add_argument("--gpu-memory", help="GPU memory instead of --gpus, e.g. 8Gi")
     p.add_argument("-q", "--queue", help="queue (default: your first queue)")
     p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="papermill parameter (repeatable)")
@@ -424,30 +580,40 @@ def register(subparsers) -> None:
         p.set_defaults(func=_guard(fn))
         return p
 
+    p = add("login", cmd_login, "log in to a hub: store its URL and a token in the client config file")
+    p.add_argument("hub", nargs="?", metavar="URL", help="the hub's URL (default: $GPUPOOL_URL or the stored one)")
+    p.add_argument("--user", "-u", help="your hub user name (asked for when not given)")
+
     p = add("submit", cmd_submit, "submit a notebook (papermill), a Python script or a command as a GPU job",
             epilog="Options go before the notebook/script; everything after a script (or after --command PROGRAM) "
                    "is passed to it: gpupool submit --pods 2 --gpus 4 train.py --lr 3e-4")
     p.add_argument("notebook", metavar="notebook|script",
-                   help="a notebook (.ipynb) or a Python script (.py), relative to your home on the hub; with "
-                        "--command, the program to run (e.g. python)")
+                   help="a notebook (.ipynb): a file on this machine is sent, any other path names one in your "
+                        "working directory on the hub; a Python script (.py), relative to your home on the hub; "
+                        "with --command, the program to run (e.g. python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script or command")
     _submit_options(p)
     p.set_defaults(_options=_submit_options(argparse.ArgumentParser(prog="gpupool submit", add_help=False,
                                                                     parents=[common])))
 
-    p = add("list", cmd_list, "list your jobs (running and queued; --all for finished ones)")
+    p = add("list", cmd_list, "list your jobs (running and queued; --all for finished ones) and the notebook "
+                               "servers holding or waiting for GPUs")
     p.add_argument("--all", "-A", action="store_true", help="include finished jobs")
     p.add_argument("--status", choices=ACTIVE + TERMINAL, help="only jobs in this status")
     p.add_argument("--user", help="only this user's jobs (admins)")
     p.add_argument("--sweep", help="only the trials of this sweep")
 
-    p = add("describe", cmd_describe, "show a job: status, reason, allocation, metrics")
-    p.add_argument("job", help="job id, e.g. j-000042")
+    p = add("describe", cmd_describe, "show a job (status, reason, allocation, metrics) or a workspace")
+    p.add_argument("job", help="job id, e.g. j-000042, or workspace id, e.g. w-000007")
 
     p = add("logs", cmd_logs, "print a job's log (papermill's, or the script's output)")
     p.add_argument("job", help="job id")
     p.add_argument("--rank", type=int, help="a worker of a distributed job (default: rank 0)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job finishes")
+
+    p = add("output", cmd_output, "print what a job's executed notebook printed (its cell outputs), or save it")
+    p.add_argument("job", help="job id")
+    p.add_argument("-o", "--output", metavar="FILE", help="save the executed notebook (.ipynb) to FILE")
 
     p = add("delete", cmd_delete, "cancel jobs (a running job stops with the grace period)")
     p.add_argument("jobs", nargs="+", metavar="JOB", help="job ids")

@@ -62,6 +62,29 @@ def api_base(url: str, name: str | None = None) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path + "/", "", ""))
 
 
+def hub_base(url: str, name: str | None = None) -> str:
+    """The hub's public base URL (``https://hub.example.org/jhub/``) from a hub, service or API URL."""
+    api = api_base(url, name)
+    parts = urlsplit(api)
+    base = parts.path[: -len(f"services/{name or service_name()}/api/v1/")]
+    return urlunsplit((parts.scheme, parts.netloc, base, "", ""))
+
+
+def save_config(url: str, token: str, user: str | None = None) -> Path:
+    """Write ``{"url", "token", "user"}`` to the config file, readable by its owner only (0600)."""
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"url": url, "token": token}
+    if user:
+        data["user"] = user
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # also when the file existed with wider permissions
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    return path
+
+
 def _read_config_file() -> tuple[dict, Path | None]:
     path = config_path()
     try:
@@ -139,9 +162,9 @@ def resolve(url: str | None = None, token: str | None = None, env=None) -> Conne
         token, token_source = env["JUPYTERHUB_API_TOKEN"], "JUPYTERHUB_API_TOKEN"
     if not url:
         raise ConfigError(
-            "gpupool does not know where the service is: call gpupool.connect(url=..., token=...), "
-            f"set GPUPOOL_URL and GPUPOOL_TOKEN, or write {{\"url\": ..., \"token\": ...}} to {config_path()} "
-            "(inside a JupyterHub server this is found automatically)")
+            "gpupool does not know where the hub is: run `gpupool login https://your-hub` (it stores the URL and "
+            f"a token in {config_path()}), or set GPUPOOL_URL and GPUPOOL_TOKEN; in Python, "
+            "gpupool.connect(url=..., token=...) (inside a JupyterHub server this is found automatically)")
     return Connection(api_base(url), token, url_source or "", token_source)
 
 

@@ -1,13 +1,14 @@
 """Notebook jobs: ``gpupool.submit(...)`` and :class:`Job`."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .api import Client, GPUPoolError, get_client
+from .api import BadRequest, Client, GPUPoolError, get_client
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 ACTIVE = ("queued", "starting", "running", "preempting")
@@ -28,6 +29,8 @@ class Job:
 
     def __init__(self, job: str | Mapping[str, Any], *, client: Client | None = None):
         self._client = client
+        #: the file on this machine whose content was sent at submission (None: a path on the hub)
+        self.local_notebook: Path | None = None
         if isinstance(job, Mapping):
             self._data = dict(job)
             self._fetched = time.monotonic()
@@ -101,6 +104,11 @@ class Job:
         """Metrics the job logged with ``gpupool.log_metric``: name -> [(step, value), ...] by step."""
         return metrics_of(self._live("metrics") or {})
 
+    def metric(self, name: str, default: float | None = None) -> float | None:
+        """The latest value (highest step) the job logged for metric ``name``; ``default`` if none."""
+        points = self.metrics.get(name)
+        return points[-1][1] if points else default
+
     # -- actions ------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None, progress: bool = True, poll: float = 1.0) -> "Job":
         """Block until the job has finished (succeeded, failed or cancelled); returns the job.
@@ -168,7 +176,7 @@ class Job:
     # -- display ------------------------------------------------------------------------------
     def __repr__(self) -> str:
         d = self._data
-        return f"<Job {d.get('id')} {d.get('name', '')!s} {d.get('status', '?')}: {d.get('reason') or ''}>"
+        return f"<Job {d.get('id')} {d.get('name', '')!s} ({request_text(d)}) {status_line(d)}>"
 
     def _repr_html_(self) -> str:
         from gpupool.widgets.render import job_html
@@ -179,6 +187,29 @@ class Job:
 
     def __hash__(self) -> int:
         return hash(self.id)
+
+
+def request_text(j: Mapping[str, Any]) -> str:
+    """The GPU request in words: ``0.5 GPU``, ``2 GPUs``, ``8Gi of one GPU``, ``0 GPUs (CPU only)``,
+    ``2 workers x 4 GPUs``."""
+    from ..scheduler.units import format_amount, format_bytes, parse_bytes
+
+    if j.get("gpu_memory"):
+        each = f"{format_bytes(parse_bytes(j['gpu_memory']))} of one GPU"
+    else:
+        gpus = float(j.get("gpus") or 0)
+        each = format_amount("gpu", gpus) if gpus else "0 GPUs (CPU only)"
+    pods = int(j.get("pods") or 1)
+    return f"{pods} workers x {each}" if pods > 1 else each
+
+
+def status_line(j: Mapping[str, Any]) -> str:
+    """The status and its reason, the status said once: ``succeeded: the notebook ran to the end``,
+    ``queued in vision: position 2, ...``, ``running: ...``."""
+    status, reason = str(j.get("status") or "?"), (j.get("reason") or "").strip()
+    if not reason:
+        return status
+    return reason if reason.startswith(status) else f"{status}: {reason}"
 
 
 def metrics_of(raw: Mapping[str, Any]) -> dict[str, list[tuple[int, float]]]:
@@ -208,8 +239,17 @@ def _progress_bar(desc: str):
     return tqdm(total=None, desc=desc, bar_format="{desc} [{elapsed}]", leave=True)
 
 
+def local_notebook(notebook) -> Path | None:
+    """The local file a notebook path names, when there is one on this machine (its content is sent)."""
+    if isinstance(notebook, Mapping) or not isinstance(notebook, (str, os.PathLike)):
+        return None
+    p = Path(os.fspath(notebook)).expanduser()
+    return p.resolve() if p.is_file() else None
+
+
 def _notebook_ref(notebook) -> dict:
-    """Body fields naming the notebook: ``notebook`` (a path) or ``notebook_content`` (a dict)."""
+    """Body fields naming the notebook: ``notebook_content`` (a dict, or the content of a local
+    file) or ``notebook`` (a path in your working directory on the hub)."""
     if isinstance(notebook, Mapping):
         return {"notebook_content": _plain(notebook)}
     if not isinstance(notebook, (str, os.PathLike)):
@@ -218,12 +258,18 @@ def _notebook_ref(notebook) -> dict:
     if not path.endswith(".ipynb"):
         raise GPUPoolError(f"notebook: {path!r} is not a .ipynb notebook or a .py script (run other programs "
                            "as a command: a list such as ['bash', 'run.sh'])", field="notebook")
-    p = Path(path).expanduser()
-    if not p.is_absolute() and p.exists():
-        p = p.resolve()
-    if p.is_absolute():
-        # The service runs papermill relative to the user's home: send a home-relative path.
-        return {"notebook": _home_relative(p)}
+    local = local_notebook(path)
+    if local is not None:  # a file on this machine: send what it holds (like sbatch sends its script)
+        try:
+            doc = json.loads(local.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise GPUPoolError(f"notebook: the local file {local} is not a readable Jupyter notebook ({e})",
+                               field="notebook") from None
+        return {"notebook_content": doc}
+    if Path(path).expanduser().is_absolute():
+        raise GPUPoolError(f"notebook: there is no file {path} on this machine (an absolute path is read on this "
+                           "machine and its content sent; a relative path that is not a file here names a "
+                           "notebook in your working directory on the hub)", field="notebook")
     return {"notebook": path}
 
 
@@ -285,6 +331,8 @@ def build_body(notebook=None, *, gpus: float | None = None, gpu_memory: str | in
         body = program
     else:
         body = _notebook_ref(notebook) if notebook is not None else {"notebook_content": _plain(notebook_content)}
+    if name is None and "notebook_content" in body and notebook is not None and not isinstance(notebook, Mapping):
+        name = Path(os.fspath(notebook)).stem  # the service would call inline content "notebook"
     if pods is not None:
         body["pods"] = pods
     if parameters is not None:
@@ -312,18 +360,35 @@ def submit(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | 
     the pool and return its :class:`Job`.
 
     ``gpus`` is whole GPUs or a fraction below 1 (``0.5``); ``gpu_memory`` (``"8Gi"``) asks for a
-    slice by memory instead. ``pods=N`` runs N workers, each with that many GPUs, started together
-    with the torch.distributed environment (``gpupool.distributed``). ``queue`` defaults to your
-    first queue; ``kind`` is ``train``, ``hpo-trial`` or ``inference``. A path is relative to your
-    home directory (a local path under your home is converted); or pass ``notebook_content`` (an
-    nbformat notebook dict).
+    slice by memory instead; ``gpus=0`` (or neither) is a CPU-only job. ``pods=N`` runs N workers,
+    each with that many GPUs, started together with the torch.distributed environment
+    (``gpupool.distributed``). ``queue`` defaults to your first queue; ``kind`` is ``train``,
+    ``hpo-trial`` or ``inference``. A notebook that is a file on this machine is read and its
+    content sent (``job.local_notebook`` names it); any other relative notebook path names a
+    notebook in your working directory on the hub. A script path is relative to your home (a local
+    path under your home is converted). Or pass ``notebook_content`` (an nbformat notebook dict).
     """
     body = build_body(notebook, gpus=gpus, gpu_memory=gpu_memory, parameters=parameters, queue=queue,
                       kind=kind, priority=priority, preemptible=preemptible,
                       checkpoint_on_signal=checkpoint_on_signal, name=name, cpu=cpu, memory=memory,
                       sweep=sweep, notebook_content=notebook_content, args=args, pods=pods)
-    c = get_client(client)
-    return Job(c.submit(body), client=client)
+    return post_job(body, notebook, client)
+
+
+def post_job(body: dict, notebook=None, client: Client | None = None) -> Job:
+    """Submit a body made by :func:`build_body` for ``notebook``; the returned job's
+    ``local_notebook`` names the local file whose content was sent."""
+    try:
+        data = get_client(client).submit(body)
+    except BadRequest as e:
+        if e.field == "notebook" and "notebook" in body:  # looked up on the hub after not being found here
+            raise BadRequest(f"{e.message}; nor is it a file on this machine ({Path.cwd() / body['notebook']})",
+                             status=e.status, field=e.field, url=e.url) from None
+        raise
+    job = Job(data, client=client)
+    if "notebook_content" in body:
+        job.local_notebook = local_notebook(notebook)
+    return job
 
 
 def jobs(status: str | None = None, *, user: str | None = None, sweep: str | None = None,

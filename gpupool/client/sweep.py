@@ -148,6 +148,10 @@ def make_pruner(pruner):
                      "(or an optuna pruner)", field="pruner")
 
 
+def _sqlite_file(url: str) -> Path | None:
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+
+
 def storage_url(storage: str | Path | None) -> str:
     if storage is None:
         return f"sqlite:///{(Path.cwd() / DEFAULT_STORAGE_FILE).resolve()}"
@@ -246,8 +250,10 @@ class Sweep:
         self.name = name
         self._submit_kw = dict(gpus=gpus, gpu_memory=gpu_memory, queue=queue, priority=priority,
                                checkpoint_on_signal=checkpoint_on_signal, pods=pods)
-        # Validate the job body once before touching storage (path / notebook problems surface now).
+        # Validate the job body once before touching storage (path / notebook problems surface now),
+        # and reach the service: no hub, a refused token or a queue you may not use fails here, leaving no state.
         build_body(self.notebook, parameters=self.parameters, kind="hpo-trial", sweep=name, **self._submit_kw)
+        self._check_queue(queue)
         sampler_obj = make_sampler(sampler, self.dists, seed)
         if isinstance(sampler_obj, optuna.samplers.GridSampler):
             size = math.prod(len(v) for v in grid_of(self.dists).values())
@@ -256,6 +262,11 @@ class Sweep:
         if self.trials_total < 1:
             raise SweepError("trials: must be >= 1", field="trials")
         self.storage = storage_url(storage)
+        self._new_file = _sqlite_file(self.storage)  # removed again if this sweep never submits a trial
+        if self._new_file is not None and self._new_file.exists():
+            self._new_file = None
+        self._discarded: dict | None = None  # the last summary of a sweep removed from its storage
+        self._mine: set[int] = set()  # trials this driver asked or reattached (the failure guard looks at these)
         self._lock = threading.RLock()
         self.study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler_obj,
                                          pruner=make_pruner(pruner), direction=direction, load_if_exists=True)
@@ -370,6 +381,8 @@ class Sweep:
     def best(self) -> BestTrial | None:
         """The best completed trial: params, value and its job (None until one completed)."""
         import optuna
+        if self._discarded is not None:
+            return None
         with self._lock:
             complete = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if not complete:
@@ -385,6 +398,8 @@ class Sweep:
     @property
     def trials(self):
         """All trials as a table: a pandas DataFrame when pandas is installed, else a TrialTable."""
+        if self._discarded is not None:
+            return TrialTable(["number", "state", "value"], [])
         with self._lock:
             frozen = self.study.get_trials(deepcopy=True)
         rows = []
@@ -411,6 +426,8 @@ class Sweep:
     def summary(self) -> dict:
         """Plain data for displays (SweepView, the CLI): counts, best, and each trial with its curve."""
         import optuna
+        if self._discarded is not None:
+            return {**self._discarded, "status": self._state, "error": self.error}
         with self._lock:
             frozen = self.study.get_trials(deepcopy=True)
         counts = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
@@ -446,6 +463,8 @@ class Sweep:
 
     # -- driver ---------------------------------------------------------------------------------
     def _progress_text(self) -> str:
+        if self._discarded is not None:
+            return f"sweep {self.name} {self._state}: nothing ran" + (f" ({self.error})" if self.error else "")
         with self._lock:
             trials = self.study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if t.state.is_finished())
@@ -479,6 +498,7 @@ class Sweep:
                 self.study._storage.set_trial_user_attr(t._trial_id, "job_id", job_id)
             trial = optuna.trial.Trial(self.study, t._trial_id)
             self._active[t.number] = (trial, job_id)
+            self._mine.add(t.number)
             if t.intermediate_values:
                 self._reported[t.number] = max(t.intermediate_values)
 
@@ -512,6 +532,38 @@ class Sweep:
             self.error_traceback = traceback.format_exc()
             self._state = "failed"
             logging.getLogger("gpupool.sweep").debug("sweep %s driver crashed", self.name, exc_info=True)
+        if self._state == "failed":
+            self._discard_if_nothing_ran()
+
+    def _check_queue(self, queue: str | None) -> None:
+        queues = self.client.queues()  # ConnectionFailed / Unauthorized say what is wrong
+        if queue is None:
+            return
+        known = {q.get("name"): q for q in queues}
+        if queue not in known:
+            raise SweepError(f"queue: unknown queue {queue!r} (queues: {', '.join(map(str, known))})", field="queue")
+        if not known[queue].get("may_submit", True):
+            raise SweepError(f"queue: you may not submit to queue {queue!r}", field="queue")
+
+    def _discard_if_nothing_ran(self) -> None:
+        """A new sweep whose submissions were all refused ran nothing: remove its study (and the
+        sqlite file it created), so no state is left behind and the name can be used again."""
+        import optuna
+        with self._lock:
+            if self.resumed or any(t.user_attrs.get("job_id") for t in self.study.get_trials(deepcopy=False)):
+                return
+            final = self.summary()
+            try:
+                optuna.delete_study(study_name=self.name, storage=self.storage)
+            except Exception:  # leave it rather than hide the sweep's own error
+                return
+            self._discarded = final
+        if self._new_file is not None:
+            try:
+                if not optuna.study.get_all_study_names(storage=self.storage):
+                    self._new_file.unlink()
+            except Exception:
+                pass
 
     def _n_trials(self) -> int:
         """Trials asked so far (enqueued ``initial`` ones waiting for their turn do not count)."""
@@ -524,6 +576,7 @@ class Sweep:
                and self._n_trials() < self.trials_total):
             with self._lock:
                 trial = self.study.ask(self.dists)
+                self._mine.add(trial.number)
             params = {**self.parameters, **trial.params}
             body = build_body(self.notebook, parameters=params, kind="hpo-trial", sweep=self.name,
                               name=self._job_name(trial.number), **self._submit_kw)
@@ -608,7 +661,8 @@ class Sweep:
     def _failure_guard(self) -> None:
         import optuna
         with self._lock:
-            finished = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
+            finished = [t for t in self.study.get_trials(deepcopy=False)
+                        if t.number in self._mine and t.state.is_finished()]
         if len(finished) >= _FAILURE_GUARD and all(t.state == optuna.trial.TrialState.FAIL for t in finished):
             self.error = (f"the first {len(finished)} trials all failed, stopping (last: "
                           f"{finished[-1].user_attrs.get('reason', 'unknown')})")

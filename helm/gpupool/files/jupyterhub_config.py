@@ -3,7 +3,7 @@
 import json
 import os
 
-from gpupool.hub_ext import configure
+from gpupool.hub_ext import add_idle_culler, configure
 
 c = get_config()  # noqa: F821
 CONF_DIR = os.environ.get("GPUPOOL_CHART_CONFIG_DIR", "/etc/gpupool")  # the ConfigMap's mount
@@ -88,6 +88,21 @@ if su["storage"]["type"] == "dynamic":
         c.KubeSpawner.storage_class = su["storage"]["storageClass"]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": su["storage"]["homeMountPath"]}]
+
+if su.get("extraEnv"):
+    c.KubeSpawner.environment = dict(su["extraEnv"])
+
+# -- cull: idle servers are stopped, so their GPUs go back to the pool ------------------------------
+cull = V["cull"]
+if cull.get("enabled"):
+    add_idle_culler(c, timeout=cull["timeout"], every=cull.get("every", 0), concurrency=cull.get("concurrency", 10),
+                    max_age=cull.get("maxAge", 0), users=cull.get("users", False),
+                    admin_users=cull.get("adminUsers", True), remove_named_servers=cull.get("removeNamedServers", False))
+
+# -- hub.config (z2jh): {Class: {trait: value}} ---------------------------------------------------
+for _cls, _traits in (V["hub"].get("config") or {}).items():
+    for _trait, _value in _traits.items():
+        setattr(getattr(c, _cls), _trait, _value)
 
 # -- hub.extraConfig ------------------------------------------------------------------------------
 _extra = os.path.join(CONF_DIR, "extra_config.py")
