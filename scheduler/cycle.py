@@ -311,8 +311,10 @@ class Cycle:
             timeout = 2 * self.cfg.preemption_grace + 60.0
         for r in sorted(reservations, key=lambda r: (r.since, r.workload)):
             w = self.by_id.get(r.workload)
-            if w is not None and w.phase == Phase.RUNNING and self.now_t - r.since <= 2 * self.cfg.preemption_grace:
-                self.settling[r.workload] = r  # it just bound into a planned place: not moved again yet
+            if r.bound_at is not None:  # a marker: it bound into a planned place lately
+                if (w is not None and w.phase == Phase.RUNNING
+                        and self.now_t - r.bound_at <= 2 * self.cfg.preemption_grace):
+                    self.settling[r.workload] = r
                 continue
             if w is None or w.phase == Phase.RUNNING or r.workload in self.reservations:
                 continue

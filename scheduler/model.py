@@ -147,6 +147,9 @@ class Reservation:
     code: Code
     since: float
     detail: dict = field(default_factory=dict, compare=False)
+    # set when the holder bound: the reservation then holds nothing and only marks the workload
+    # as settling (consolidation does not move it again for two grace periods)
+    bound_at: float | None = None
 
 
 @dataclass

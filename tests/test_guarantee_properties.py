@@ -395,3 +395,11 @@ def test_regress_a_guaranteed_workload_is_not_moved_twice_for_a_loan():
     report = simulate(parse_scenario(scenario_data("regress_consolidation_moves_twice")), seed=0)
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
+
+
+def test_regress_a_settled_reservation_never_holds_again():
+    """A bound holder's reservation marker came back as a live reservation once the holder was
+    preempted, so it re-bound and was preempted twice in 3 s."""
+    report = simulate(parse_scenario(scenario_data("regress_marker_revived")), seed=1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)

@@ -8,6 +8,7 @@ fair share), and within a queue by priority, then submit time.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 from ..cycle import Candidate, Cycle, Statement, queue_order, raw_key
@@ -70,7 +71,7 @@ def _bind_holders(ctx: Cycle) -> None:
             ctx.future.give_placement(p, w)
         ctx.future_place(w, placed)
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
-        ctx.settling[wid] = ctx.reservations.pop(wid)
+        ctx.settling[wid] = dataclasses.replace(ctx.reservations.pop(wid), bound_at=ctx.now_t)
         ctx.bind(c, placed)
 
 
