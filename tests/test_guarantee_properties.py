@@ -43,7 +43,8 @@ Properties:
   ``T + 6 * (preemption_grace + min_runtime) + 30 * cycle`` on, no eviction is decided.
 
 Each property runs ``GUARANTEE_EXAMPLES`` examples (default 400, the CI count); hunt with e.g.
-``GUARANTEE_EXAMPLES=2000`` and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
+``GUARANTEE_EXAMPLES=2000``, ``GUARANTEE_RANDOM=1`` (a fresh random stream instead of CI's fixed
+examples) and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
 scenario it takes minutes). Counterexamples are kept as tests/scenarios/regress_*.yaml, each with a
 plain test at the end of this file.
 """
@@ -67,11 +68,12 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 SHRINK = os.environ.get("GUARANTEE_SHRINK") == "1"  # shrinking a long scenario takes minutes: opt in
+RANDOM = os.environ.get("GUARANTEE_RANDOM") == "1"  # hunt beyond CI's fixed examples: a new stream each run
 
 
 def _settings(n: int):
     phases = tuple(Phase) if SHRINK else (Phase.explicit, Phase.reuse, Phase.generate)
-    return settings(max_examples=n, deadline=None, derandomize=True, phases=phases,
+    return settings(max_examples=n, deadline=None, derandomize=not RANDOM, database=None, phases=phases,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
