@@ -170,26 +170,47 @@ class Cycle:
         self.running: list[Workload] = []
         releasing: list[Workload] = []
         held: list[Workload] = []
-        for w in self.workloads:
-            amt = self.amounts[w.id] = self.amount(w)
-            d = demand_leaf[w.queue]
+        amounts, pending, running = self.amounts, self.pending, self.running
+        PENDING, RELEASING = Phase.PENDING, Phase.RELEASING
+        for w in self.workloads:  # the hottest loop of the snapshot: kept flat
+            pl = w.placements
+            if pl:
+                g = 0.0
+                for p in pl:
+                    g += len(p.gpus) * p.fraction
+                amt = (g, w.cpu * w.pods, float(w.memory * w.pods))
+            else:
+                amt = self.amount(w)
+            amounts[w.id] = amt
+            q = w.queue
+            d = demand_leaf[q]
             d[0] += amt[0]
             d[1] += amt[1]
             d[2] += amt[2]
             rkey = (w.gpus, w.gpu_memory, w.cpu, w.memory)
             shape_count[rkey] = shape_count.get(rkey, 0.0) + w.pods
-            if w.phase == Phase.PENDING:
-                self.pending.append(w)
+            phase = w.phase
+            if phase == PENDING:
+                pending.append(w)
                 continue
             held.append(w)
-            for acc, on in ((leaf_alloc, True), (leaf_nonpre, not w.preemptible),
-                            (leaf_rel, w.phase == Phase.RELEASING)):
-                if on:
-                    v = acc[w.queue]
-                    v[0] += amt[0]
-                    v[1] += amt[1]
-                    v[2] += amt[2]
-            (releasing if w.phase == Phase.RELEASING else self.running).append(w)
+            v = leaf_alloc[q]
+            v[0] += amt[0]
+            v[1] += amt[1]
+            v[2] += amt[2]
+            if not w.preemptible:
+                v = leaf_nonpre[q]
+                v[0] += amt[0]
+                v[1] += amt[1]
+                v[2] += amt[2]
+            if phase == RELEASING:
+                v = leaf_rel[q]
+                v[0] += amt[0]
+                v[1] += amt[1]
+                v[2] += amt[2]
+                releasing.append(w)
+            else:
+                running.append(w)
         # Queue accounting, rolled up to departments. alloc: held (running + releasing + bound this
         # cycle); releasing: part of alloc on its way out; nonpre: held by non-preemptible workloads;
         # reserved: planned for pending workloads (reservations and plans made this cycle).
