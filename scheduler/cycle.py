@@ -123,7 +123,8 @@ class Candidate:
 
     @property
     def quota_bound(self) -> bool:
-        return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE)
+        """Waiting for a reason no preemption on its behalf can remove this cycle."""
+        return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE, Code.BEHIND)
 
 
 def raw_key(w: Workload) -> tuple:
@@ -252,6 +253,7 @@ class Cycle:
         self._vcost: dict[str, float] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
         self.cache: dict[str, object] = {}  # per-cycle indexes built by actions and policies
+        self.behind: dict[str, int] = {}  # queue -> priority of a waiting workload that may preempt
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}

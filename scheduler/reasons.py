@@ -31,6 +31,7 @@ class Code(str, enum.Enum):
     CONSOLIDATING = "consolidating"  # moving workloads to open a node for it
     RELEASING = "waiting-for-release"  # fits once preempted workloads have released their GPUs
     NO_QUEUE = "no-queue"  # its queue does not exist (removed from the configuration)
+    BEHIND = "behind-higher-priority"  # a higher-priority workload of its queue waits to preempt first
 
 
 class Cause(str, enum.Enum):
@@ -119,6 +120,9 @@ def _sentence(p: Pending) -> str:
                 f"{d['grace']:g}s)")
     if c is Code.NO_QUEUE:
         return f"queue {q!r} does not exist"
+    if c is Code.BEHIND:
+        return (f"waiting behind a higher-priority workload of {q} (priority {d['priority']}) that may "
+                f"preempt lower-priority ones; it goes first")
     raise ValueError(f"unknown reason code {c!r}")
 
 

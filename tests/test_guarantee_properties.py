@@ -405,3 +405,11 @@ def test_regress_a_settled_reservation_never_holds_again():
     report = simulate(parse_scenario(scenario_data("regress_marker_revived")), seed=1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
+
+
+def test_regress_a_lower_priority_workload_waits_for_its_queues_preemptor():
+    """A low-priority workload bound into half a GPU while a higher-priority one of its queue did
+    not fit, and was preempted by it in the next cycle."""
+    report = simulate(parse_scenario(scenario_data("regress_low_priority_binds_before_preemptor")), seed=0)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)

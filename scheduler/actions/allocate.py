@@ -2,7 +2,9 @@
 
 Holders of reservations go first, into the capacity held for them. Then two passes. The first
 binds only workloads that keep their queue, at every level, within its fair share; the second
-lends what is still idle to the rest (work-conserving borrowing). In each pass queues are served
+lends what is still idle to the rest (work-conserving borrowing). Once a workload that may preempt
+lower-priority ones of its queue fails to fit, the lower-priority workloads of that queue wait
+for this cycle (they would bind into what the preemption frees, and be preempted next). In each pass queues are served
 in ``queue_order`` (a workload that keeps its queue within deserved first, then furthest below
 fair share), and within a queue by priority, then submit time.
 """
@@ -14,6 +16,7 @@ import heapq
 from ..cycle import Candidate, Cycle, Statement, queue_order, raw_key
 from ..fairshare import EPS
 from ..model import MILLI, Phase, Workload
+from ..reasons import Code
 
 
 def by_queue(workloads: list[Workload]) -> dict[str, list[Workload]]:
@@ -120,6 +123,13 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     heapq.heapify(heap)
     dead = ctx.failed_shapes
     dead_raw = ctx.failed_requests
+    behind = ctx.behind  # queue -> priority of a waiting workload that may preempt in its queue
+    lowest = ctx.cache.get("lowest-running")
+    if lowest is None:
+        lowest = ctx.cache["lowest-running"] = {}
+        for v in ctx.preemptible_running():
+            if v.priority < lowest.get(v.queue, v.priority + 1):
+                lowest[v.queue] = v.priority
     while heap:
         k, q, i = heapq.heappop(heap)
         lst = queues[q]
@@ -140,10 +150,18 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                     break
                 lo, hi = _same_rank(ctx, path, a)
             i += 1
+            first = behind.get(q)
+            if first is not None and w.priority < first:  # it would take what the preemption frees
+                c = ctx.candidate(w)
+                c.code, c.detail = Code.BEHIND, {"priority": first}
+                failed.append(c)
+                continue
             if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
                 template = dead_raw.get(raw_key(w))
                 if template is not None:
                     failed.append(template.like(w))
+                    if lowest.get(q, w.priority) < w.priority:
+                        behind[q] = w.priority
                     continue
             c = ctx.candidate(w)
             block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
@@ -168,5 +186,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             c.code, c.detail = ctx.capacity_reason(c)
             dead_raw.setdefault(raw_key(w), c)
             failed.append(c)
+            if lowest.get(q, w.priority) < w.priority:  # it may preempt: lower priorities wait
+                behind[q] = w.priority
         if i < n:
             heapq.heappush(heap, (key(q, amounts[lst[i].id][0]), q, i))

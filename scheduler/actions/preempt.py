@@ -35,7 +35,7 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     tried: set[tuple] = set()
     for c in failed:
         w = c.w
-        if (c.code == Code.NON_PREEMPTIBLE or (c.amount[0] <= 0 and c.amount[1] <= 0)
+        if (c.code in (Code.NON_PREEMPTIBLE, Code.BEHIND) or (c.amount[0] <= 0 and c.amount[1] <= 0)
                 or lowest.get(w.queue, w.priority) >= w.priority):
             left.append(c)
             continue
