@@ -254,6 +254,7 @@ class Cycle:
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
         self.cache: dict[str, object] = {}  # per-cycle indexes built by actions and policies
         self.behind: dict[str, int] = {}  # queue -> priority of a waiting workload that may preempt
+        self.probed: set[str] = set()  # queues whose first failing workload was probed for that
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}

@@ -266,7 +266,7 @@ def liveness_failures(data: dict, seed: int = 0) -> tuple[list[str], dict]:
                 if t - t0 > bound:
                     late.append(f"{name} entitled from t={t0:g}, "
                                 f"{'started' if sw.state != 'pending' else 'still pending'} at t={t:g} "
-                                f"(bound {bound:g}s): {sw.pending_reason}")
+                                f"(bound {bound:g}s): {sw.pending}")
                 del since[name]
         for sw in engine._active.values():
             if sw.state == "pending" and sw.name not in since and judge[0](sw):
@@ -413,3 +413,15 @@ def test_regress_a_lower_priority_workload_waits_for_its_queues_preemptor():
     report = simulate(parse_scenario(scenario_data("regress_low_priority_binds_before_preemptor")), seed=0)
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
+
+
+def test_regress_a_borrowing_queue_does_not_swap_by_priority_while_reclaimed():
+    report = simulate(parse_scenario(scenario_data("regress_priority_swap_under_reclaim")), seed=1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)
+
+
+def test_regress_lower_priorities_wait_only_for_a_preemption_that_can_happen():
+    late, report = liveness_failures(scenario_data("regress_behind_without_preemption"), 0)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late

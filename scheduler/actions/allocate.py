@@ -95,6 +95,22 @@ def _free_now(ctx: Cycle, w: Workload, placements) -> bool:
     return all(now.gpu_free[n, g] >= m for (n, g), m in gpu.items())
 
 
+def _maybe_behind(ctx: Cycle, c: Candidate, lowest: dict[str, int]) -> None:
+    """If ``c`` could fit by preempting lower-priority workloads of its own queue, those of its
+    queue with a lower priority wait this cycle (probed once per queue per cycle)."""
+    q, prio = c.w.queue, c.w.priority
+    if lowest.get(q, prio) >= prio or q in ctx.probed:
+        return
+    ctx.probed.add(q)
+    st = Statement(ctx, ctx.future)
+    for v in ctx.preemptible_running():
+        if v.queue == q and v.priority < prio:
+            st.remove(v, v.placements)
+    if ctx.fits(c):
+        ctx.behind[q] = prio
+    st.rollback()
+
+
 def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float, float]:
     """The interval (lo, hi] of amounts that rank a queue as ``amount`` does: the queue order
     changes with the amount only where it crosses deserved - held at some level of ``path``."""
@@ -159,9 +175,9 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
                 template = dead_raw.get(raw_key(w))
                 if template is not None:
-                    failed.append(template.like(w))
-                    if lowest.get(q, w.priority) < w.priority:
-                        behind[q] = w.priority
+                    c = template.like(w)
+                    failed.append(c)
+                    _maybe_behind(ctx, c, lowest)
                     continue
             c = ctx.candidate(w)
             block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
@@ -186,7 +202,6 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             c.code, c.detail = ctx.capacity_reason(c)
             dead_raw.setdefault(raw_key(w), c)
             failed.append(c)
-            if lowest.get(q, w.priority) < w.priority:  # it may preempt: lower priorities wait
-                behind[q] = w.priority
+            _maybe_behind(ctx, c, lowest)
         if i < n:
             heapq.heappush(heap, (key(q, amounts[lst[i].id][0]), q, i))

@@ -1,11 +1,16 @@
 """preempt: within a queue, a higher-priority workload preempts lower-priority preemptible ones.
 
+Not in a queue above its fair share while reclaim is under way (another queue below its fair
+share waits, or reclaimed this cycle): the swap would start a workload on a loan that is being
+recalled, and it would be preempted again at once.
+
 At the queue's limit too: the victims free the headroom the preemptor needs, so a plan must give
 back at least what the preemptor would take beyond the limit.
 """
 from __future__ import annotations
 
 from ..cycle import Candidate, Cycle
+from ..fairshare import EPS
 from ..model import Evict, Workload
 from ..plan import Budget, make_room, plan
 from ..reasons import Cause, Code
@@ -33,11 +38,15 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         by_queue.setdefault(v.queue, []).append(v)
     lowest = {q: min(v.priority for v in vs) for q, vs in by_queue.items()}
     tried: set[tuple] = set()
+    # reclaim pressure: a queue below its fair share still waits, or reclaimed this cycle
+    pressure = any(e.cause == Cause.RECLAIM.value for e in ctx.result.evictions) or any(
+        not c.quota_bound and c.amount[0] > 0 and ctx.over(c.w.queue) < -EPS for c in failed)
     for c in failed:
         w = c.w
         if (c.code in (Code.NON_PREEMPTIBLE, Code.BEHIND) or (c.amount[0] <= 0 and c.amount[1] <= 0)
-                or lowest.get(w.queue, w.priority) >= w.priority):
-            left.append(c)
+                or lowest.get(w.queue, w.priority) >= w.priority
+                or (pressure and ctx.over(w.queue) > EPS)):
+            left.append(c)  # (a borrowing queue swaps nothing while its loans are being recalled)
             continue
         need_freed = 0.0
         if c.code == Code.LIMIT:
