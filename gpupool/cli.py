@@ -11,6 +11,7 @@ import sys
 COMMAND_MODULES = {
     "gpupool.sim.cli": ("simulate",),
     "gpupool.client.cli": ("login", "submit", "list", "describe", "logs", "output", "delete", "queues", "top", "sweep", "nodes"),
+    "gpupool.client.report": ("report",),
     "gpupool.hub_ext.cli": ("hub",),
 }
 

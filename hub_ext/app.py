@@ -367,9 +367,10 @@ async def serve(settings: Settings) -> int:
     backend = make_backend(pool.backend, settings)
     from ..backends import nvml as nvml_mod
 
-    nvml = nvml_mod if nvml_mod.available() else None
+    reader = nvml_mod.Reader(nvml_mod.load_module(pool.nvml_module))  # checked by config.load
+    nvml = reader if reader.available() else None
     if nvml is None:
-        log.info("NVML not available: GPU memory enforcement and live readings are off")
+        log.info("NVML not available: GPU memory enforcement, live readings and utilisation history are off")
     metrics = Metrics()
     api_url = pool.api_url or f"http://{host}:{port}{prefix.rstrip('/')}/api/v1/"
     loop = SchedulerLoop(settings, sessions, backend, metrics, api_url=api_url, nvml=nvml)
@@ -384,7 +385,16 @@ async def serve(settings: Settings) -> int:
                                      pool.workspace_reconcile_seconds, pool.workspace_release_grace,
                                      activity=svc.server_activity)
     reconciler.start()
-    app = web.Application(routes(prefix), gpupool=svc, log_function=_log_request)
+    from .sampling import Sampler
+
+    sampler = Sampler(sessions, svc.gpu_readings, pool.usage_sample_seconds, pool.usage_raw_retention,
+                      pool.usage_rollup_seconds, pool.usage_rollup_retention)
+    if nvml is not None and settings.gpu_uuids:
+        sampler.start()
+    svc.sampler = sampler
+    from . import usage
+
+    app = web.Application(usage.routes(prefix) + routes(prefix), gpupool=svc, log_function=_log_request)
     server = app.listen(port, address=host, xheaders=True)
     log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),
              prefix, len(settings.nodes), sum(n.gpus for n in settings.nodes), len(settings.queues),
@@ -397,6 +407,7 @@ async def serve(settings: Settings) -> int:
     log.info("stopping (running jobs keep running; the next start re-adopts them)")
     server.stop()
     await reconciler.stop()
+    await sampler.stop()
     await loop.stop()
     engine.dispose()
     lock.close()

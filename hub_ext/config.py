@@ -202,6 +202,37 @@ class GPUPool(Configurable):
     ).tag(config=True)
 
 
+    nvml_module = Unicode(
+        "pynvml",
+        help="""The NVML library the service reads GPUs through: ``pynvml`` (from nvidia-ml-py), or the
+        import path of a module with the same functions (``package.module`` or
+        ``package.module:object``), e.g. a stand-in for tests or a wrapper for a special driver.""",
+    ).tag(config=True)
+
+    usage_sample_seconds = Float(
+        10.0,
+        help="""Seconds between NVML utilisation readings of every GPU (stored in the service's database
+        for the utilisation history, the used GPU-hours of reports, and the idle rules). 0 = no
+        sampling. Only GPUs found through NVML are read; a declared inventory has no readings.""",
+    ).tag(config=True)
+
+    usage_raw_retention = Float(
+        86400.0,
+        help="""Seconds raw readings are kept; older ones are merged into rows of
+        ``usage_rollup_seconds`` (time-weighted means).""",
+    ).tag(config=True)
+
+    usage_rollup_seconds = Float(
+        300.0, help="Length in seconds of a downsampled utilisation row (after ``usage_raw_retention``)."
+    ).tag(config=True)
+
+    usage_rollup_retention = Float(
+        90 * 86400.0,
+        help="""Seconds downsampled utilisation rows are kept (the usage ledger itself is kept
+        forever: it is one row per allocation interval).""",
+    ).tag(config=True)
+
+
 @dataclass
 class Settings:
     """The validated, resolved configuration the service runs with."""
@@ -310,10 +341,15 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
     uuids: dict[str, list[str]] = {}
     nodes: list[NodeSpec] = []
     nodes_ok = True
+    from ..backends import nvml as nvml_mod
+
+    try:
+        nvml = nvml_mod.Reader(nvml_mod.load_module(pool.nvml_module))
+    except (ImportError, AttributeError) as e:
+        errors.append(f"c.GPUPool.nvml_module: cannot load {pool.nvml_module!r}: {e}")
+        nvml = nvml_mod.Reader(None)
     if pool.nodes is None:
         if discover:
-            from ..backends import nvml
-
             nodes = nvml.discover_nodes()
             if not nodes:
                 nodes_ok = False
@@ -341,9 +377,12 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
     if pool.cycle_seconds <= 0:
         errors.append("c.GPUPool.cycle_seconds: must be > 0")
     for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
-                 "workspace_release_grace", "gang_restarts"):
+                 "workspace_release_grace", "gang_restarts", "usage_sample_seconds", "usage_raw_retention",
+                 "usage_rollup_retention"):
         if getattr(pool, knob) < 0:
             errors.append(f"c.GPUPool.{knob}: must be >= 0")
+    if pool.usage_rollup_seconds <= 0:
+        errors.append("c.GPUPool.usage_rollup_seconds: must be > 0")
     if "{" in pool.work_dir:
         try:
             pool.work_dir.format(home="/h", user="u")

@@ -41,6 +41,7 @@ from ..scheduler.model import (CycleResult, Phase, PodPlacement, QueueSpec, Sche
 from ..scheduler.reasons import Pending
 from ..scheduler.units import format_bytes
 from . import db as D
+from . import ledger
 from .config import Settings
 
 log = logging.getLogger("gpupool.loop")
@@ -97,6 +98,7 @@ class SchedulerLoop:
         self.nodes = {n.name: n for n in settings.nodes}
         self.queue_specs = {q.name: q for q in settings.queues}
         self.state = LoopState()
+        self.ledger = ledger.install(sessions, settings)  # usage records follow every allocation change
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task | None = None
@@ -292,6 +294,9 @@ class SchedulerLoop:
                         row.restarts += 1
                         row.reason = ("requeued: its process was gone when the gpupool service restarted; "
                                       "it resumes from its latest checkpoint")
+                opened, closed = self.ledger.reconcile(s)
+                if opened or closed:
+                    log.info("usage ledger: opened %d and closed %d records to match the allocations", opened, closed)
                 s.commit()
 
     # ------------------------------------------------------------------ the cycle

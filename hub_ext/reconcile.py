@@ -14,7 +14,6 @@ the hub cannot be asked (down, restarting, token without the scopes), nothing is
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from sqlalchemy import select
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from . import db as D
+from .periodic import Periodic
 
 log = logging.getLogger("gpupool.reconcile")
 
@@ -35,7 +35,11 @@ class HubUnavailable(Exception):
     """The hub could not tell which servers it runs; nothing may be released on that basis."""
 
 
-class WorkspaceReconciler:
+class WorkspaceReconciler(Periodic):
+    what = "checking workspaces against JupyterHub"
+    off_message = "workspace reconciliation with JupyterHub is off (c.GPUPool.workspace_reconcile_seconds = 0)"
+    log = log
+
     def __init__(self, loop: Any, sessions: Any, api_url: str, api_token: str, interval: float, grace: float,
                  activity: dict | None = None):
         self.loop = loop  # the SchedulerLoop: its lock keeps a release out of a running cycle
@@ -47,8 +51,6 @@ class WorkspaceReconciler:
         self.missing_since: dict[int, float] = {}  # workspace row id -> first check that missed its server
         # (user, server) -> the hub's last_activity of that server (ISO time) at the last check
         self.activity: dict[tuple[str, str], str | None] = {} if activity is None else activity
-        self._task: asyncio.Task | None = None
-        self._stopping = asyncio.Event()
         self._warned = False
 
     # ------------------------------------------------------------------ the hub's view
@@ -141,28 +143,5 @@ class WorkspaceReconciler:
         row.stop_cause = row.stop_reason = None
         self.missing_since.pop(row.id, None)
 
-    # ------------------------------------------------------------------ lifecycle
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self.reconcile()
-            except Exception:  # a bad check must not end the checks
-                log.exception("checking workspaces against JupyterHub failed")
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=self.interval)
-            except asyncio.TimeoutError:
-                pass
-
-    def start(self) -> None:
-        if self.interval > 0:
-            self._task = asyncio.create_task(self._run())
-        else:
-            log.info("workspace reconciliation with JupyterHub is off (c.GPUPool.workspace_reconcile_seconds = 0)")
-
-    async def stop(self) -> None:
-        self._stopping.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout=5)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
+    async def tick(self) -> list[str]:
+        return await self.reconcile()

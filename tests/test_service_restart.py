@@ -45,6 +45,15 @@ def steps(path: Path) -> list[tuple[int, int]]:
     return [(int(a), int(s)) for a, s in re.findall(r"attempt=(\d+) step=(\d+)", path.read_text())]
 
 
+def ledger(hub: Hub, job_id: str) -> list[dict]:
+    """The usage records of one job (hub_ext/ledger.py), oldest first."""
+    db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
+    db.row_factory = sqlite3.Row
+    rows = [dict(r) for r in db.execute('SELECT * FROM usage WHERE workload = ? ORDER BY id', (job_id,))]
+    db.close()
+    return rows
+
+
 def test_sigkill_and_restart_loses_nothing(tmp_path):
     with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 2}]}, users=["alice"], managed=False) as hub:
         shutil.copy(ROOT / "examples" / "train_checkpoint.ipynb", hub.home("alice") / "train.ipynb")
@@ -64,6 +73,8 @@ def test_sigkill_and_restart_loses_nothing(tmp_path):
         queued_c = hub.api("GET", f"jobs/{c}", tok).json()
         assert queued_c["status"] == "queued" and queued_c["position"] == 1
         a_runner = runner_pid(hub, a)
+        [a_open] = ledger(hub, a)  # written with the bind: open while it runs
+        assert a_open["end"] is None and a_open["gpus"] == 1 and a_open["user"] == "alice"
 
         hub.kill_service(signal.SIGKILL)
         # While the service is down: b's processes die (a node problem, an OOM kill...), and a's row
@@ -88,6 +99,11 @@ def test_sigkill_and_restart_loses_nothing(tmp_path):
         if jb["status"] == "queued":
             assert "gpupool service restarted" in jb["reason"], jb
         check_no_double_allocation(hub, tok)
+        # the usage ledger: a's interval continues (adopted), b's first one was closed as lost
+        assert ledger(hub, a) == [a_open]
+        b_first = ledger(hub, b)[0]
+        assert b_first["end_reason"] == "lost" and b_first["end"] >= b_first["start"], b_first
+        assert "gpupool service restarted" in b_first["end_detail"]
 
         # everything finishes; GPUs are never double-booked on the way
         def all_done():
@@ -108,6 +124,12 @@ def test_sigkill_and_restart_loses_nothing(tmp_path):
         second = [s for att, s in rb if att == 2]
         assert second[0] >= first[-1] and len(rb) - 30 <= 1, rb
         assert "resumed from ckpt-" in hub.api("GET", f"jobs/{b}/log", tok).text
+        # one record per allocation interval, every one closed: a one, b two (lost, then succeeded), c one
+        la, lb, lc = ledger(hub, a), ledger(hub, b), ledger(hub, c)
+        assert [r["end_reason"] for r in la] == ["succeeded"] and la[0]["start"] == a_open["start"]
+        assert [r["end_reason"] for r in lb] == ["lost", "succeeded"] and lb[1]["start"] >= lb[0]["end"]
+        assert [r["end_reason"] for r in lc] == ["succeeded"] and lc[0]["start"] >= b_first["end"]
+        assert [r["attempt"] for r in lb] == [1, 2]
         assert not hub.job_pids()
 
         # SIGTERM: the service exits promptly (kill_service waits at most 10 s)

@@ -179,3 +179,38 @@ def process_memory(index: int, nvml: Any = None) -> dict[int, int]:
     except _error_types(mod) as e:
         _log_failure(e, "could not list processes on GPU %s: %s", index, e)
         return {}
+
+
+def load_module(path: str = "") -> Any | None:
+    """The NVML module to call: ``""`` or ``"pynvml"`` = the real library (None here, so every function
+    above imports it), else a dotted import path of a pynvml-compatible module, or ``module:attribute``
+    for an object in a module (``c.GPUPool.nvml_module``; tests use a stand-in)."""
+    if not path or path == "pynvml":
+        return None
+    import importlib
+
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+class Reader:
+    """This module's readings bound to one NVML module (what the hub service calls)."""
+
+    def __init__(self, nvml: Any = None):
+        self.nvml = nvml
+
+    def available(self) -> bool:
+        return available(nvml=self.nvml)
+
+    def gpus(self) -> list[dict]:
+        return gpus(nvml=self.nvml)
+
+    def discover_nodes(self, node_name: str | None = None) -> list[NodeSpec]:
+        return discover_nodes(node_name, nvml=self.nvml)
+
+    def utilization(self) -> dict[int, dict]:
+        return utilization(nvml=self.nvml)
+
+    def process_memory(self, index: int) -> dict[int, int]:
+        return process_memory(index, nvml=self.nvml)

@@ -1,0 +1,243 @@
+"""Consumption reports: GPU-hours allocated and used, from the ledger and the utilisation history.
+
+* **allocated**: for every ledger record (hub_ext/ledger.py) the part of its interval inside the
+  range, times its GPUs (``len(indices) * fraction``). An open record counts up to now.
+* **used**: the same interval weighted by the NVML utilisation of its GPUs (hub_ext/sampling.py):
+  ``fraction * utilisation/100`` over each period that has a reading. **measured**: the allocated
+  GPU-hours that had readings. Where no reading exists (a declared inventory, NVML missing) used
+  is ``null`` (unknown), never invented; ``utilization = used / measured``.
+
+Groups: ``user``, ``queue`` (the leaf queue), ``department`` (the top of the queue's path; a root
+queue is its own), ``model`` (GPU model), ``node``, ``kind``, and calendar periods ``day``,
+``week`` (ISO, from Monday) and ``month``, in UTC. A record that spans a period boundary is split,
+so the groups of any grouping add up to the same total.
+"""
+from __future__ import annotations
+
+import bisect
+import csv
+import io
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable
+
+from sqlalchemy import or_, select
+
+from . import ledger as L
+from . import sampling as S
+
+GROUPS = ("user", "queue", "department", "model", "node", "kind", "day", "week", "month")
+PERIODS = ("day", "week", "month")
+COLUMNS = ("allocated_gpu_hours", "used_gpu_hours", "measured_gpu_hours", "utilization", "workloads")
+
+
+class ReportError(ValueError):
+    """Bad report parameters; ``field`` names the one at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def parse_time(text: str, field: str) -> float:
+    """``2026-11-01`` (midnight UTC), ``2026-11-01T12:00[:00][Z|+01:00]`` -> epoch seconds."""
+    t = text.strip()
+    try:
+        dt = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith("Z") else t)
+    except ValueError:
+        raise ReportError(field, f"{text!r} is not a date (use e.g. 2026-11-01 or 2026-11-01T08:00Z)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def period_start(t: float, period: str) -> datetime:
+    d = datetime.fromtimestamp(t, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "week":
+        d -= timedelta(days=d.weekday())
+    elif period == "month":
+        d = d.replace(day=1)
+    return d
+
+
+def period_key(start: datetime, period: str) -> str:
+    if period == "day":
+        return start.strftime("%Y-%m-%d")
+    if period == "week":
+        year, week, _ = start.isocalendar()
+        return f"{year}-W{week:02d}"
+    return start.strftime("%Y-%m")
+
+
+def _next_period(start: datetime, period: str) -> datetime:
+    if period == "day":
+        return start + timedelta(days=1)
+    if period == "week":
+        return start + timedelta(days=7)
+    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+def split_by_period(a: float, b: float, period: str) -> Iterable[tuple[str, float, float]]:
+    start = period_start(a, period)
+    while a < b:
+        nxt = _next_period(start, period).timestamp()
+        yield period_key(start, period), a, min(b, nxt)
+        a = nxt
+        start = _next_period(start, period)
+
+
+@dataclass
+class Row:
+    allocated: float = 0.0  # GPU-seconds
+    used: float = 0.0
+    measured: float = 0.0
+    workloads: set = field(default_factory=set)
+
+    def view(self, key: str, by: str) -> dict:
+        h = 3600.0
+        return {by: key, "allocated_gpu_hours": round(self.allocated / h, 6),
+                "used_gpu_hours": round(self.used / h, 6) if self.measured else None,
+                "measured_gpu_hours": round(self.measured / h, 6),
+                "utilization": round(100 * self.used / self.measured, 2) if self.measured else None,
+                "workloads": len(self.workloads)}
+
+
+class Readings:
+    """The utilisation history of the GPUs a report touches, for overlap sums."""
+
+    def __init__(self, s: Any, since: float, until: float):
+        c = S.TABLE.c
+        q = (select(c.node, c.gpu, c.t, c.seconds, c.utilization)
+             .where(c.utilization.is_not(None), c.t < until, c.t + c.seconds > since).order_by(c.node, c.gpu, c.t))
+        self.series: dict[tuple[str, int], tuple[list[float], list[tuple[float, float, float]]]] = {}
+        for node, gpu, t, secs, util in s.execute(q):
+            starts, spans = self.series.setdefault((node, gpu), ([], []))
+            starts.append(t)
+            spans.append((t, t + secs, util))
+        self.longest = max((sp[1] - sp[0] for _, spans in self.series.values() for sp in spans), default=0.0)
+
+    def overlap(self, node: str, gpu: int, a: float, b: float) -> tuple[float, float]:
+        """(seconds with a reading, utilisation-weighted seconds) of one GPU within [a, b)."""
+        found = self.series.get((node, gpu))
+        if not found:
+            return 0.0, 0.0
+        starts, spans = found
+        i = bisect.bisect_left(starts, a - self.longest)
+        covered = weighted = 0.0
+        while i < len(spans) and spans[i][0] < b:
+            lo, hi = max(a, spans[i][0]), min(b, spans[i][1])
+            if hi > lo:
+                covered += hi - lo
+                weighted += (hi - lo) * spans[i][2] / 100.0
+            i += 1
+        return covered, weighted
+
+
+def report(s: Any, since: float, until: float, by: str, now: float, user: str | None = None,
+           queue: str | None = None) -> dict:
+    """GPU-hours per group of ``by`` between ``since`` and ``until`` (epoch seconds)."""
+    if by not in GROUPS:
+        raise ReportError("by", f"must be one of {', '.join(GROUPS)}")
+    if until <= since:
+        raise ReportError("until", "must be after since")
+    c = L.TABLE.c
+    q = select(L.TABLE).where(c.start < until, or_(c.end.is_(None), c.end > since))
+    if user:
+        q = q.where(c.user == user)
+    if queue:
+        q = q.where(c.queue == queue)
+    records = s.execute(q).mappings().all()
+    readings = Readings(s, since, min(until, now))
+    groups: dict[str, Row] = {}
+    total = Row()
+    for r in records:
+        a, b = max(r["start"], since), min(r["end"] if r["end"] is not None else now, until)
+        if b <= a:
+            continue
+        if by in PERIODS:
+            pieces = list(split_by_period(a, b, by))
+        else:
+            key = {"user": r["user"], "queue": r["queue"], "department": r["department"], "kind": r["kind"],
+                   "model": r["gpu_model"] or "(unknown)", "node": r["node"]}[by]
+            pieces = [(key, a, b)]
+        for key, pa, pb in pieces:
+            row = groups.setdefault(key, Row())
+            for target in (row, total):
+                target.workloads.add(r["workload"])
+            alloc = r["gpus"] * (pb - pa)
+            covered = weighted = 0.0
+            for g in r["gpu_indices"] or []:
+                cv, w = readings.overlap(r["node"], g, pa, pb)
+                covered += cv * r["fraction"]
+                weighted += w * r["fraction"]
+            for target in (row, total):
+                target.allocated += alloc
+                target.measured += covered
+                target.used += weighted
+    rows = [groups[k].view(k, by) for k in sorted(groups)]
+    if by not in PERIODS:
+        rows.sort(key=lambda x: -x["allocated_gpu_hours"])
+    return {"since": _iso(since), "until": _iso(until), "by": by, "rows": rows, "total": total.view("total", by)}
+
+
+def to_csv(doc: dict) -> str:
+    out = io.StringIO()
+    w = csv.writer(out)
+    by = doc["by"]
+    w.writerow([by, *COLUMNS])
+    for r in [*doc["rows"], doc["total"]]:
+        w.writerow([r[by], *("" if r[k] is None else r[k] for k in COLUMNS)])
+    return out.getvalue()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------------------------- GET usage
+from .api import APIError, BaseHandler  # noqa: E402 (the handlers below; api.py does not import this module)
+
+
+class UsageHandler(BaseHandler):
+    """``GET usage?since=2026-11-01&until=...&by=user&user=&queue=&format=csv`` (docs/api.md)."""
+
+    def get(self) -> None:
+        import time
+
+        self.require_user_token()
+        ident = self.ident
+        now = time.time()
+        args = {k: self.get_argument(k, None) for k in ("since", "until", "by", "user", "queue", "format")}
+        for key in self.request.arguments:
+            if key not in args:
+                raise APIError(400, f"{key}: unknown parameter (allowed: {', '.join(args)})", key)
+        user = args["user"]
+        if not ident.admin:
+            if user and user != ident.name:
+                raise APIError(403, "user: you may only see your own usage (admins see everyone's)", "user")
+            user = ident.name
+        fmt = args["format"] or "json"
+        if fmt not in ("json", "csv"):
+            raise APIError(400, "format: must be json or csv", "format")
+        try:
+            until = parse_time(args["until"], "until") if args["until"] else now
+            if args["since"]:
+                since = parse_time(args["since"], "since")
+            else:  # the current month
+                since = period_start(until - 1e-6, "month").timestamp()
+            with self.svc.sessions() as s:
+                doc = report(s, since, until, args["by"] or "user", now, user=user, queue=args["queue"] or None)
+        except ReportError as e:
+            raise APIError(400, str(e), e.field) from None
+        doc["user"] = user
+        if fmt == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", f'attachment; filename="gpupool-usage-by-{doc["by"]}.csv"')
+            self.finish(to_csv(doc))
+            return
+        self.send(doc)
+
+
+def routes(prefix: str) -> list[tuple]:
+    api = prefix.rstrip("/") + "/api/v1"
+    return [(rf"{api}/usage/?", UsageHandler)]

@@ -1,0 +1,39 @@
+"""A pynvml stand-in for a gpupool service started by a test (``c.GPUPool.nvml_module =
+"nvml_standin"``, with this directory on ``PYTHONPATH``).
+
+It is ``test_nvml.FakeNVML`` whose devices come from the JSON file named by
+``GPUPOOL_TEST_NVML_FILE``, read again at every ``nvmlInit``: a test writes the utilisation it
+wants there (:func:`write`) and the service's next reading returns it.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from test_nvml import FakeNVML, FakeNVMLError, device  # noqa: F401 (NVMLError is looked up on the module)
+
+ENV = "GPUPOOL_TEST_NVML_FILE"
+NVMLError = FakeNVMLError
+_fake = FakeNVML([])
+
+
+def write(path, utilizations: list[float | None], name: str = "NVIDIA L4", total: int = 24 * 2**30) -> None:
+    """The devices the service will see: one per utilisation value (None: not supported)."""
+    devices = [device(i, name=name, total=total, used=2**30, util=u) for i, u in enumerate(utilizations)]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(devices, f)
+    os.replace(tmp, path)
+
+
+def nvmlInit():
+    try:
+        with open(os.environ[ENV]) as f:
+            _fake.devices = json.load(f)
+    except (KeyError, OSError, ValueError) as e:
+        raise FakeNVMLError(f"NVML Shared Library Not Found ({e})") from None
+    _fake.nvmlInit()
+
+
+def __getattr__(name):  # every other pynvml function: the stand-in's
+    return getattr(_fake, name)
