@@ -141,8 +141,10 @@ def configure(c: Any, *, spawner: bool = True) -> None:
         roles.append({"name": "user", "scopes": ["self"]})
     _merge_role(roles, "user", [SUBMIT_SCOPE])
     _merge_role(roles, "gpupool-admin", [ADMIN_SCOPE])
-    # list:users + read:servers: the service checks which servers the hub runs (workspace reconcile)
-    _merge_role(roles, f"{name}-service", [ADMIN_SCOPE, "read:users", "read:groups", "list:users", "read:servers"],
+    # list:users + read:servers: the service checks which servers the hub runs (workspace reconcile);
+    # servers: it starts a suspended workspace's server again when its owner resumes it (hub_ext/idle.py)
+    _merge_role(roles, f"{name}-service", [ADMIN_SCOPE, "read:users", "read:groups", "list:users", "read:servers",
+                                            "servers"],
                 services=[name])
     c.JupyterHub.load_roles = roles
 

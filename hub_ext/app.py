@@ -297,6 +297,9 @@ class Service:
                              reason="requested; waiting for the scheduler's next cycle", submitted_at=time.time(),
                              preemptions=0, restarts=0, attempt=0)
             s.add(row)
+            from .idle import on_workspace_request
+
+            on_workspace_request(s, row, time.time())  # a suspended server coming back says so
             s.commit()
         return row, True
 
@@ -392,9 +395,13 @@ async def serve(settings: Settings) -> int:
     if nvml is not None and settings.gpu_uuids:
         sampler.start()
     svc.sampler = sampler
-    from . import usage
+    from . import idle, usage
 
-    app = web.Application(usage.routes(prefix) + routes(prefix), gpupool=svc, log_function=_log_request)
+    checker = idle.IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics)
+    checker.start()
+    svc.idle = checker
+    app = web.Application(usage.routes(prefix) + idle.routes(prefix) + routes(prefix), gpupool=svc,
+                          log_function=_log_request)
     server = app.listen(port, address=host, xheaders=True)
     log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),
              prefix, len(settings.nodes), sum(n.gpus for n in settings.nodes), len(settings.queues),
@@ -408,6 +415,7 @@ async def serve(settings: Settings) -> int:
     server.stop()
     await reconciler.stop()
     await sampler.stop()
+    await checker.stop()
     await loop.stop()
     engine.dispose()
     lock.close()

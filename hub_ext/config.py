@@ -233,6 +233,23 @@ class GPUPool(Configurable):
     ).tag(config=True)
 
 
+    idle_rules = Dict(
+        default_value={},
+        help="""Idle-GPU rules per queue (``"*"``: the whole pool) and workload class, e.g.
+        ``{"*": {"interactive": {"after": "2h"}}, "vision": {"train": {"after": "30m", "action": "requeue"}}}``.
+        Classes: interactive, interactive-preemptible, train, hpo-trial, inference. Actions:
+        suspend (workspaces: the server stops, its GPUs go back, it can be resumed) or flag;
+        flag or requeue (jobs). A child queue may only tighten its parents' rules. Empty: no rules.
+        See docs/admin.md.""",
+    ).tag(config=True)
+
+    idle_window_seconds = Float(
+        30.0,
+        help="""Idle time is counted in windows of this many seconds: a workload is idle when every
+        window of its rule's time had NVML readings of its GPUs, all at 0 % utilisation.""",
+    ).tag(config=True)
+
+
 @dataclass
 class Settings:
     """The validated, resolved configuration the service runs with."""
@@ -243,6 +260,7 @@ class Settings:
     nodes: list[NodeSpec]
     gpu_uuids: dict[str, list[str]] = field(default_factory=dict)  # node -> uuid per index (NVML)
     warnings: list[str] = field(default_factory=list)  # e.g. over-committed quotas (logged at start)
+    idle_rules: dict = field(default_factory=dict)  # (queue, class) -> hub_ext.idle.Rule
 
 
 def _traits_json(pool: GPUPool) -> dict[str, Any]:
@@ -388,10 +406,19 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
             pool.work_dir.format(home="/h", user="u")
         except (KeyError, IndexError, ValueError) as e:
             errors.append(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}")
+    if pool.idle_window_seconds <= 0:
+        errors.append("c.GPUPool.idle_window_seconds: must be > 0")
     if errors:
         return None, errors
+    from .idle import RuleError, resolve_rules
+
+    try:
+        idle_rules = resolve_rules(pool.idle_rules, queues)
+    except RuleError as e:
+        return None, [str(e)]
     warnings = _overcommitted(queues, nodes) if nodes_ok else []
-    return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids, warnings=warnings), []
+    return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids, warnings=warnings,
+                    idle_rules=idle_rules), []
 
 
 def to_json(settings: Settings) -> str:

@@ -123,7 +123,7 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
-    from . import ledger, sampling  # noqa: F401 (their tables are part of the schema)
+    from . import idle, ledger, sampling  # noqa: F401 (their tables are part of the schema)
 
     Base.metadata.create_all(engine)
     add_missing_columns(engine)

@@ -36,7 +36,8 @@ STOPPED = "stopped"          # a workspace whose server stopped (its request was
 REQUEUED = "requeued"        # given back for another reason and waiting again
 REPAIRED = "repaired"        # closed at start-up: the workload held nothing any more
 REPLACED = "replaced"        # the allocation changed while the workload kept running
-END_REASONS = (SUCCEEDED, FAILED, CANCELLED, PREEMPTED, LOST, STOPPED, REQUEUED, REPAIRED, REPLACED)
+SUSPENDED = "suspended"      # a workspace suspended by an idle rule (hub_ext/idle.py)
+END_REASONS = (SUCCEEDED, FAILED, CANCELLED, PREEMPTED, LOST, STOPPED, REQUEUED, REPAIRED, REPLACED, SUSPENDED)
 
 
 class UsageRecord(D.Base):
@@ -102,6 +103,9 @@ class Ledger:
 
     @staticmethod
     def end_reason(row: D.Workload, deleted: bool) -> str:
+        named = getattr(row, "_gpupool_end_reason", None)  # set by the code that ended it (idle: suspended)
+        if named:
+            return named
         if deleted:
             return STOPPED
         if row.status in D.ENDED:

@@ -17,6 +17,8 @@ class Metrics:
                                registry=r)
         self.queue_gpus = Gauge("gpupool_queue_gpus", "GPUs of a queue: deserved, fair_share, allocated",
                                 ["queue", "what"], registry=r)
+        self.idle_actions = Counter("gpupool_idle_actions", "Idle-GPU rule actions: suspended, requeued, flagged",
+                                    ["queue", "action"], registry=r)
         self.gpus_total = Gauge("gpupool_gpus_total", "GPUs in the pool", registry=r)
         self.gpus_allocated = Gauge("gpupool_gpus_allocated", "GPUs allocated (fractions summed)", registry=r)
         self.cycle_seconds = Histogram("gpupool_cycle_seconds", "Duration of a scheduling cycle (all steps)",

@@ -7,6 +7,7 @@ wants there (:func:`write`) and the service's next reading returns it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -37,3 +38,21 @@ def nvmlInit():
 
 def __getattr__(name):  # every other pynvml function: the stand-in's
     return getattr(_fake, name)
+
+
+@contextlib.contextmanager
+def for_services(path, utilizations: list[float | None]):
+    """Services started inside this block load this stand-in (``nvml_module = "nvml_standin"``) with
+    these readings: the environment variable and ``PYTHONPATH`` are set (the harness hands its
+    environment to a service it starts itself, ``Hub(managed=False)``)."""
+    import pytest
+
+    write(path, utilizations)
+    mp = pytest.MonkeyPatch()
+    mp.setenv(ENV, str(path))
+    here = os.path.dirname(os.path.abspath(__file__))
+    mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    try:
+        yield path
+    finally:
+        mp.undo()

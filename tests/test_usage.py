@@ -251,24 +251,15 @@ async def test_ledger_repairs_at_start_and_names_why_an_interval_ended(tmp_path)
 def nvml_hub(tmp_path_factory):
     """A real hub whose GPUs come from NVML: the pynvml stand-in (tests/nvml_standin.py) with two
     GPUs, read every 0.2 s."""
-    import os
-
     import nvml_standin
 
     tmp = tmp_path_factory.mktemp("usage-nvml")
-    readings = tmp / "nvml.json"
-    nvml_standin.write(readings, [0.0, 0.0])
-    mp = pytest.MonkeyPatch()
-    mp.setenv(nvml_standin.ENV, str(readings))
-    mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")])))
-    try:
-        with Hub(tmp, gpupool={"nodes": None, "nvml_module": "nvml_standin", "usage_sample_seconds": 0.2,
-                               "queues": [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"]}]},
-                 users=["alice"], admins=["admin"], managed=False) as hub:
-            hub.readings = readings
-            yield hub
-    finally:
-        mp.undo()
+    gp = {"nodes": None, "nvml_module": "nvml_standin", "usage_sample_seconds": 0.2,
+          "queues": [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"]}]}
+    with nvml_standin.for_services(tmp / "nvml.json", [0.0, 0.0]) as readings, \
+            Hub(tmp, gpupool=gp, users=["alice"], admins=["admin"], managed=False) as hub:
+        hub.readings = readings
+        yield hub
 
 
 def test_utilisation_is_sampled_and_weights_used_gpu_hours(nvml_hub):

@@ -1,0 +1,108 @@
+"""Idle GPUs (hub_ext/idle.py): rules per queue and class, a workspace suspended by the utilisation
+a test sets through the pynvml stand-in, then resumed with the same options, on a real hub with
+the GPU-aware spawner."""
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
+
+QUEUES = [{"name": "research", "deserved": {"gpu": 2}},
+          {"name": "vision", "parent": "research", "deserved": {"gpu": 2}, "users": ["alice"]},
+          {"name": "ops", "deserved": {"gpu": 0}}]
+
+
+def load(rules):
+    from gpupool.hub_ext.config import load as load_config
+
+    return load_config({"nodes": [], "queues": QUEUES, "idle_rules": rules}, discover=False).idle_rules
+
+
+def test_rules_are_inherited_and_a_child_may_only_tighten():
+    from gpupool.hub_ext.config import GPUPoolConfigError
+
+    rules = load({"*": {"interactive": {"after": "2h"}, "train": {"after": "1h"}},
+                  "research": {"interactive": {"after": "90m"}},
+                  "vision": {"train": {"after": 600, "action": "requeue"}}})
+    assert rules[("ops", "interactive")].after == 7200 and rules[("ops", "interactive")].action == "suspend"
+    assert rules[("vision", "interactive")].after == 5400  # from research
+    assert rules[("vision", "interactive-preemptible")].after == 5400  # falls back to interactive
+    assert (rules[("vision", "train")].after, rules[("vision", "train")].action) == (600, "requeue")
+    assert (rules[("research", "train")].after, rules[("research", "train")].action) == (3600, "flag")
+    assert ("vision", "inference") not in rules
+    assert "queue vision's rule for train jobs" == rules[("vision", "train")].source
+    for bad, words in (
+            ({"*": {"interactive": {"after": "1h"}}, "vision": {"interactive": {"after": "2h"}}},
+             "['vision']['interactive'].after: 7200 s is looser than the 3600 s of the pool's rule"),
+            ({"research": {"train": {"after": 60, "action": "requeue"}}, "vision": {"train": {"after": 30}}},
+             "['vision']['train'].action: 'flag' is weaker than 'requeue' of queue research's rule"),
+            ({"*": {"interactive": {"after": 60, "action": "requeue"}}}, "must be one of suspend, flag"),
+            ({"*": {"gpu-hog": {"after": 60}}}, "unknown class"),
+            ({"*": {"train": {"after": "soon"}}}, "'soon' is not a duration"),
+            ({"nowhere": {}}, "['nowhere']: unknown queue")):
+        with pytest.raises(GPUPoolConfigError) as e:
+            load(bad)
+        assert words in str(e.value), (bad, str(e.value))
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    import nvml_standin
+    from test_spawner import _extra
+
+    tmp = tmp_path_factory.mktemp("idle")
+    gp = {"nodes": None, "nvml_module": "nvml_standin", "usage_sample_seconds": 0.2, "idle_window_seconds": 0.5,
+          "queues": QUEUES, "idle_rules": {"*": {"interactive": {"after": 3}}}}
+    with nvml_standin.for_services(tmp / "nvml.json", [50.0, 50.0]) as readings, \
+            Hub(tmp, gpupool=gp, users=["alice"], admins=["admin"], extra_config=_extra(tmp), managed=False) as h:
+        h.readings = readings
+        yield h
+
+
+def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
+    import nvml_standin
+    from test_spawner import _server, _start, _wait_ready
+
+    alice = hub.token("alice")
+    _start(hub, "alice", {"gpus": 1, "queue": "vision"})
+    _wait_ready(hub, "alice")
+    ws = hub.api("GET", "workspaces/alice", alice).json()
+    assert ws["status"] == "running" and ws["gpus"] == 1
+    time.sleep(4)  # longer than the rule, but the GPU is busy (50 %): nothing happens
+    assert hub.api("GET", "workspaces/alice", alice).json()["status"] == "running"
+    assert hub.api("GET", "suspensions", alice).json() == {"suspensions": []}
+
+    nvml_standin.write(hub.readings, [0.0, 0.0])  # nobody touches the GPUs any more
+    sus = hub.wait_for(lambda: hub.api("GET", "suspensions", alice).json()["suspensions"], 20,
+                       message="the idle workspace was not suspended")[0]
+    assert sus["user"] == "alice" and sus["options"] == {"gpus": 1.0, "queue": "vision", "preemptible": False}
+    assert sus["reason"].startswith("suspended: its GPU stayed idle (0 % utilisation) for 3 s (the pool's rule for "
+                                    "interactive workspaces)"), sus
+    # its GPU is back at once, and the spawner stops the server (its files stay)
+    gpus = hub.api("GET", "nodes", hub.admin_token).json()["nodes"][0]["gpus"]
+    assert all(g["allocated"] == 0 for g in gpus), gpus
+    hub.wait_for(lambda: _server(hub, "alice") is None, 20, message="the suspended server kept running")
+    db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
+    [(reason, end)] = db.execute("SELECT end_reason, \"end\" FROM usage WHERE workload = ?", (ws["id"],)).fetchall()
+    db.close()
+    assert reason == "suspended" and end is not None
+    metrics = hub.api("GET", "metrics").text
+    assert 'gpupool_idle_actions_total{action="suspended",queue="vision"} 1.0' in metrics
+
+    # resume: the same options, through the hub
+    nvml_standin.write(hub.readings, [50.0, 50.0])
+    other = hub.api("POST", f"suspensions/{sus['id']}/resume", hub.token("admin"))
+    assert other.status_code == 202, other.text
+    _wait_ready(hub, "alice")
+    ws2 = hub.api("GET", "workspaces/alice", alice).json()
+    assert (ws2["status"], ws2["gpus"], ws2["queue"], ws2["preemptible"]) == ("running", 1, "vision", False)
+    assert ws2["id"] != ws["id"]
+    done = hub.api("GET", "suspensions?all=1", alice).json()["suspensions"]
+    assert done[0]["resumed_at"] and done[0]["resumed_by"] == "admin"
+    again = hub.api("POST", f"suspensions/{sus['id']}/resume", alice)
+    assert again.status_code == 409 and "already resumed" in again.json()["message"]
+    assert hub.api("POST", "suspensions/999/resume", alice).status_code == 404
+    assert "Traceback" not in hub.service_log()
