@@ -148,6 +148,15 @@ def configure(c: Any, *, spawner: bool = True) -> None:
                 services=[name])
     c.JupyterHub.load_roles = roles
 
+    # the home page says when a server was suspended for idle GPUs, with a one-click resume
+    # (templates/hub/home.html; after the admin's own template paths, so theirs win)
+    templates = os.path.join(os.path.dirname(__file__), "templates", "hub")
+    paths = list(_value(c.JupyterHub, "template_paths", []))
+    c.JupyterHub.template_paths = [*[p for p in paths if p != templates], templates]
+    from .idle import home_notices
+
+    c.JupyterHub.template_vars = {**dict(_value(c.JupyterHub, "template_vars", {})), "gpupool_notices": home_notices}
+
     current = _value(c.Spawner, "server_token_scopes", None)
     if callable(current):
         def _with_gpupool(spawner: Any, _inner: Any = current) -> list[str]:

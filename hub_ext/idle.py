@@ -262,7 +262,7 @@ class IdleChecker(Periodic):
             s.add(sus)
             s.flush()
             where = f"{row.user}/{row.server}"
-            sus.reason = (f"suspended: {why}; its GPUs went back to the pool and its files are kept. Resume it "
+            sus.reason = (f"suspended: {why}; its {gpu_words} went back to the pool and its files are kept. Resume it "
                           f"with the same options: start the server again, or POST suspensions/{sus.id}/resume")
             row._gpupool_end_reason = SUSPENDED  # the ledger's end reason for this interval
             row.status = D.CANCELLED
@@ -303,6 +303,38 @@ def on_workspace_request(s: Any, row: Any, now: float) -> None:
         last = pending[-1]
         row.reason = (f"resuming: this server was suspended at {_iso(last.suspended_at)} ({last.reason.split(';')[0]}); "
                       f"{row.reason}")
+
+
+def home_notices(user: Any) -> list[dict]:
+    """``gpupool_notices`` of the hub's home page (``c.JupyterHub.template_vars``): one per server of
+    ``user`` that is stopped because it was suspended, with a link that starts it again with the
+    same options (``/hub/spawn/...?opt-gpus=1&opt-queue=...``: one click). The spawner noted the
+    suspension when it stopped the server (spawner/mixin.py); nothing here does I/O."""
+    from urllib.parse import urlencode
+
+    out = []
+    for name, spawner in sorted((getattr(user, "spawners", None) or {}).items()):
+        sus = getattr(spawner, "gpupool_suspension", None)
+        if not sus or spawner.active:
+            continue
+        opts = {f"opt-{k}": ("on" if v is True else v) for k, v in (sus.get("options") or {}).items() if v is not False}
+        base = getattr(user, "base_url", "/").split("/user/")[0].rstrip("/")  # the hub's base URL
+        path = f"{base}/hub/spawn/{quote(user.name, safe='')}" + (f"/{quote(name, safe='')}" if name else "")
+        label = f"server {name}" if name else "your server"
+        out.append({"server": name, "title": f"{label[0].upper()}{label[1:]} was suspended at "
+                                              f"{_iso(_epoch(sus.get('suspended_at')))}",
+                    "reason": sus.get("reason", ""), "resume_url": f"{path}?{urlencode(opts)}",
+                    "button": f"Resume {label} with the same options"})
+    return out
+
+
+def _epoch(text: Any) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
 
 
 def _iso(t: float) -> str:

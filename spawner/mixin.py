@@ -489,8 +489,22 @@ class GPUPoolSpawnerMixin(Spawner):
     # ---- lifecycle ------------------------------------------------------------------------
     _starting = False  # True while start() runs (poll() must not release a workspace being admitted)
 
+    gpupool_suspension: dict | None = None  # set when the server was stopped because it was suspended
+
+    async def _note_suspension(self) -> None:
+        """The service suspended this server's workspace (idle GPUs): keep the suspension (reason,
+        options) for the hub's home page, which offers to resume it (hub_ext/idle.py)."""
+        try:
+            found = await self._gpupool("GET", "suspensions", query={"user": self.user.name})
+        except GPUPoolError:
+            return
+        mine = [s for s in (found or {}).get("suspensions", []) if s.get("server") == (self.name or "")]
+        if mine:
+            self.gpupool_suspension = mine[-1]
+
     async def start(self):
         self._starting = True
+        self.gpupool_suspension = None
         self._progress_reset()
         if self.gpu_request is None:  # a hub older than 5.3 does not call _run_apply_user_options
             self.gpu_request = await self.validate_gpu_options(self.user_options or {})
@@ -546,6 +560,9 @@ class GPUPoolSpawnerMixin(Spawner):
             if e.status != 404:
                 return None  # the service is unreachable: never stop servers because of that
             ws = {"status": "gone", "reason": "its workspace was removed from the GPU scheduler"}
+            await self._note_suspension()
+            if self.gpupool_suspension:
+                ws["reason"] = self.gpupool_suspension.get("reason")
         if ws.get("status") in ("running", "preempting", "starting"):
             if ws.get("status") == "preempting" and not self._warned_preempting:
                 self._warned_preempting = True
@@ -568,6 +585,8 @@ class GPUPoolSpawnerMixin(Spawner):
             state["gpupool_workspace"] = self.gpupool_workspace
             state["gpupool_env"] = dict(self.gpu_env)
             state["gpupool_allocation"] = list(self.gpu_allocation)
+        if self.gpupool_suspension:  # kept while the server is stopped (clear_state leaves it)
+            state["gpupool_suspension"] = dict(self.gpupool_suspension)
         return state
 
     def load_state(self, state: dict) -> None:
@@ -575,6 +594,7 @@ class GPUPoolSpawnerMixin(Spawner):
         self.gpupool_workspace = state.get("gpupool_workspace", "")
         self.gpu_env = state.get("gpupool_env", {}) or {}
         self.gpu_allocation = state.get("gpupool_allocation", []) or []
+        self.gpupool_suspension = state.get("gpupool_suspension") or None
 
     def clear_state(self) -> None:
         super().clear_state()

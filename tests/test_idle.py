@@ -3,6 +3,7 @@ a test sets through the pynvml stand-in, then resumed with the same options, on 
 the GPU-aware spawner."""
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -46,6 +47,35 @@ def test_rules_are_inherited_and_a_child_may_only_tighten():
         with pytest.raises(GPUPoolConfigError) as e:
             load(bad)
         assert words in str(e.value), (bad, str(e.value))
+
+
+def resume_from_home_page(hub, user: str, reason: str) -> None:
+    """Log in as ``user`` in headless Chromium, check the home page's notice, click Resume."""
+    from test_browser import ARGS, ARTIFACTS, CHROMIUM
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (run `make browser-deps` or apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(hub.hub_url + "hub/login")
+            page.fill("input[name=username]", user)
+            page.fill("input[name=password]", "x")
+            page.click("#login_submit")
+            page.goto(hub.hub_url + "hub/home")
+            notice = page.locator(".gpupool-suspended")
+            notice.wait_for(timeout=10_000)
+            text = notice.inner_text()
+            assert "Your server was suspended at" in text and reason in text, text
+            page.screenshot(path=str(ARTIFACTS / "idle-suspended-home.png"))
+            page.click(".gpupool-resume")
+            page.wait_for_url("**/user/" + user + "/**", timeout=60_000)
+        finally:
+            browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +122,28 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     metrics = hub.api("GET", "metrics").text
     assert 'gpupool_idle_actions_total{action="suspended",queue="vision"} 1.0' in metrics
 
-    # resume: the same options, through the hub
+    # the hub's home page says why, and resumes it with the same options in one click (Chromium)
     nvml_standin.write(hub.readings, [50.0, 50.0])
-    other = hub.api("POST", f"suspensions/{sus['id']}/resume", hub.token("admin"))
-    assert other.status_code == 202, other.text
+    resume_from_home_page(hub, "alice", sus["reason"])
     _wait_ready(hub, "alice")
     ws2 = hub.api("GET", "workspaces/alice", alice).json()
     assert (ws2["status"], ws2["gpus"], ws2["queue"], ws2["preemptible"]) == ("running", 1, "vision", False)
     assert ws2["id"] != ws["id"]
     done = hub.api("GET", "suspensions?all=1", alice).json()["suspensions"]
-    assert done[0]["resumed_at"] and done[0]["resumed_by"] == "admin"
+    assert done[0]["resumed_at"] and done[0]["resumed_by"] == "alice"
     again = hub.api("POST", f"suspensions/{sus['id']}/resume", alice)
     assert again.status_code == 409 and "already resumed" in again.json()["message"]
+
+    # idle again: suspended again, and this time resumed through the API (an admin for alice)
+    nvml_standin.write(hub.readings, [0.0, 0.0])
+    sus2 = hub.wait_for(lambda: hub.api("GET", "suspensions", alice).json()["suspensions"], 20)[0]
+    hub.wait_for(lambda: _server(hub, "alice") is None, 20, message="the suspended server kept running")
+    nvml_standin.write(hub.readings, [50.0, 50.0])
+    r = hub.api("POST", f"suspensions/{sus2['id']}/resume", hub.token("admin"))
+    assert r.status_code == 202, r.text
+    _wait_ready(hub, "alice")
+    ws3 = hub.api("GET", "workspaces/alice", alice).json()
+    assert (ws3["status"], ws3["gpus"], ws3["queue"]) == ("running", 1, "vision")
+    assert hub.api("GET", "suspensions?all=1", alice).json()["suspensions"][1]["resumed_by"] == "admin"
     assert hub.api("POST", "suspensions/999/resume", alice).status_code == 404
     assert "Traceback" not in hub.service_log()
