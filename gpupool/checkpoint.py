@@ -161,6 +161,22 @@ def stop_reason() -> str | None:
         return None
 
 
+WARNING_FILE = "warning"  # beside the stop file: written by the service before the job must stop
+
+
+def warning() -> str | None:
+    """A warning from the service that this job will be asked to stop soon (e.g. "reaches its
+    maximum run time of 72 h at 2026-11-23 12:00 UTC; it will then be asked to checkpoint and is
+    requeued"), or None. Cheap (a file check): save a checkpoint when it appears."""
+    stop = os.environ.get("GPUPOOL_STOP_FILE")
+    if not stop:
+        return None
+    try:
+        return json.loads((Path(stop).parent / WARNING_FILE).read_text()).get("message") or None
+    except (OSError, ValueError):
+        return None
+
+
 def limit_gpu_memory() -> dict[str, Any]:
     """Apply this job's GPU share to the frameworks already imported; returns what was applied.
 

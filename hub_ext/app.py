@@ -397,7 +397,8 @@ async def serve(settings: Settings) -> int:
     svc.sampler = sampler
     from . import idle, usage
 
-    checker = idle.IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics)
+    checker = idle.IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics,
+                               limits=settings.max_runtime, warning=pool.max_runtime_warning)
     checker.start()
     svc.idle = checker
     app = web.Application(usage.routes(prefix) + idle.routes(prefix) + routes(prefix), gpupool=svc,

@@ -250,6 +250,20 @@ class GPUPool(Configurable):
     ).tag(config=True)
 
 
+    max_runtime = Dict(
+        default_value={},
+        help="""Maximum run time per queue (``"*"``: the whole pool) and class, e.g.
+        ``{"*": {"train": "72h", "interactive": "24h"}}``. Past it a job is asked to checkpoint and
+        requeued (not killed) and a workspace is suspended; ``max_runtime_warning`` seconds before,
+        the workload's reason says so (a job also sees it through ``gpupool.checkpoint.warning()``).
+        A child queue may only shorten its parents' limits. Empty: no limit.""",
+    ).tag(config=True)
+
+    max_runtime_warning = Float(
+        600.0, help="Seconds before a workload reaches its maximum run time that it is warned."
+    ).tag(config=True)
+
+
 @dataclass
 class Settings:
     """The validated, resolved configuration the service runs with."""
@@ -261,6 +275,7 @@ class Settings:
     gpu_uuids: dict[str, list[str]] = field(default_factory=dict)  # node -> uuid per index (NVML)
     warnings: list[str] = field(default_factory=list)  # e.g. over-committed quotas (logged at start)
     idle_rules: dict = field(default_factory=dict)  # (queue, class) -> hub_ext.idle.Rule
+    max_runtime: dict = field(default_factory=dict)  # (queue, class) -> hub_ext.idle.Rule
 
 
 def _traits_json(pool: GPUPool) -> dict[str, Any]:
@@ -408,17 +423,20 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
             errors.append(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}")
     if pool.idle_window_seconds <= 0:
         errors.append("c.GPUPool.idle_window_seconds: must be > 0")
+    if pool.max_runtime_warning < 0:
+        errors.append("c.GPUPool.max_runtime_warning: must be >= 0")
     if errors:
         return None, errors
-    from .idle import RuleError, resolve_rules
+    from .idle import RuleError, resolve_limits, resolve_rules
 
     try:
         idle_rules = resolve_rules(pool.idle_rules, queues)
+        max_runtime = resolve_limits(pool.max_runtime, queues)
     except RuleError as e:
         return None, [str(e)]
     warnings = _overcommitted(queues, nodes) if nodes_ok else []
     return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids, warnings=warnings,
-                    idle_rules=idle_rules), []
+                    idle_rules=idle_rules, max_runtime=max_runtime), []
 
 
 def to_json(settings: Settings) -> str:

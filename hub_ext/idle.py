@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -105,13 +106,25 @@ def _class_words(cls: str) -> str:
         cls, f"{cls} jobs")
 
 
-def resolve_rules(raw: dict, queues: list[Any]) -> dict[tuple[str, str], Rule]:
+def resolve_limits(raw: dict, queues: list[Any]) -> dict[tuple[str, str], Rule]:
+    """``c.GPUPool.max_runtime`` ({queue: {class: duration}}) as rules: past it a workspace is
+    suspended and a job requeued (asked to checkpoint first)."""
+    if not isinstance(raw, dict):
+        raise RuleError("c.GPUPool.max_runtime: must map queue names to {class: duration}")
+    shaped = {q: ({c: {"after": d} for c, d in v.items()} if isinstance(v, dict) else v) for q, v in raw.items()}
+    return resolve_rules(shaped, queues, knob="max_runtime", default_actions={"interactive": SUSPEND,
+                                                                             "interactive-preemptible": SUSPEND})
+
+
+def resolve_rules(raw: dict, queues: list[Any], knob: str = "idle_rules",
+                  default_actions: dict[str, str] | None = None) -> dict[tuple[str, str], Rule]:
     """The effective rule of every (queue, class): the pool's (``"*"``), tightened down the tree."""
     names = {q.name for q in queues}
     parents = {q.name: q.parent for q in queues}
     parsed: dict[str, dict[str, dict]] = {}
+    suffix, noun = (".after", "rule") if knob == "idle_rules" else ("", "maximum run time")
     for queue, rules in (raw or {}).items():
-        where = f"c.GPUPool.idle_rules[{queue!r}]"
+        where = f"c.GPUPool.{knob}[{queue!r}]"
         if queue != "*" and queue not in names:
             raise RuleError(f"{where}: unknown queue (queues: {', '.join(sorted(names))}; '*' is the whole pool)")
         if not isinstance(rules, dict):
@@ -124,10 +137,11 @@ def resolve_rules(raw: dict, queues: list[Any]) -> dict[tuple[str, str], Rule]:
             if not isinstance(rule, dict) or set(rule) - {"after", "action"} or "after" not in rule:
                 raise RuleError(f"{w}: must be {{'after': duration, 'action': ...}}")
             allowed = ACTIONS.get(cls, JOB_ACTIONS)
-            action = rule.get("action", allowed[0])
+            action = rule.get("action", (default_actions or {}).get(cls, allowed[0] if default_actions is None
+                                                                      else REQUEUE))
             if action not in allowed:
                 raise RuleError(f"{w}.action: must be one of {', '.join(allowed)} for {_class_words(cls)}")
-            parsed[queue][cls] = {"after": parse_duration(rule["after"], f"{w}.after"), "action": action}
+            parsed[queue][cls] = {"after": parse_duration(rule["after"], f"{w}{suffix}"), "action": action}
 
     def own(level: str, cls: str) -> dict | None:
         rules = parsed.get(level, {})
@@ -146,11 +160,11 @@ def resolve_rules(raw: dict, queues: list[Any]) -> dict[tuple[str, str], Rule]:
                 r = own(level, cls)
                 if r is None:
                     continue
-                src = "the pool's rule" if level == "*" else f"queue {level}'s rule"
+                src = f"the pool's {noun}" if level == "*" else f"queue {level}'s {noun}"
                 if current is not None:
-                    w = f"c.GPUPool.idle_rules[{level!r}][{cls!r}]"
+                    w = f"c.GPUPool.{knob}[{level!r}][{cls!r}]"
                     if r["after"] > current.after:
-                        raise RuleError(f"{w}.after: {r['after']:g} s is looser than the {current.after:g} s of "
+                        raise RuleError(f"{w}{suffix}: {r['after']:g} s is looser than the {current.after:g} s of "
                                         f"{current.source.split(' for ')[0]} (a queue may only tighten its parent's rule)")
                     if STRENGTH[r["action"]] < STRENGTH[current.action]:
                         raise RuleError(f"{w}.action: {r['action']!r} is weaker than {current.action!r} of "
@@ -194,11 +208,14 @@ class IdleChecker(Periodic):
     log = log
 
     def __init__(self, loop: Any, sessions: Any, rules: dict[tuple[str, str], Rule], window: float,
-                 metrics: Any = None, clock: Any = time.time):
+                 metrics: Any = None, clock: Any = time.time, limits: dict[tuple[str, str], Rule] | None = None,
+                 warning: float = 600.0):
         self.loop = loop
         self.sessions = sessions
         self.rules = rules
-        self.interval = window if rules else 0.0
+        self.limits = limits or {}
+        self.warning = warning
+        self.interval = window if rules or self.limits else 0.0
         self.window = window
         self.metrics = metrics
         self.clock = clock
@@ -235,16 +252,25 @@ class IdleChecker(Periodic):
                                                           D.Workload.stop_requested_at.is_(None))).all()
                 current: dict[str, dict] = {}
                 for row in rows:
+                    ran = now - (row.started_at or now)
+                    limit = self.limits.get((row.queue, workload_class(row)))
+                    if limit is not None and ran >= limit.after:
+                        why = f"it ran for its maximum run time of {human(limit.after)} ({limit.source})"
+                        if await self.act(s, row, limit, now, why):
+                            acted.append(row.public_id)
+                            continue
+                    elif limit is not None and ran >= limit.after - self.warning:
+                        self.warn(row, limit)
                     rule = self.rules.get((row.queue, workload_class(row)))
-                    if rule is None or now - (row.started_at or now) < rule.after:
-                        continue
-                    if not self.idle_since(s, row, now, rule.after):
+                    if rule is None or ran < rule.after or not self.idle_since(s, row, now, rule.after):
                         continue
                     pid = row.public_id
                     current[pid] = self.idle.get(pid) or {"since": now - rule.after, "action": rule.action,
                                                           "rule": rule.source, "user": row.user, "queue": row.queue,
                                                           "gpus": row.gpus}
-                    if await self.act(s, row, rule, now):
+                    gpu_words = f"GPU{'s' if row.gpus != 1 else ''}"
+                    why = f"its {gpu_words} stayed idle (0 % utilisation) for {human(rule.after)} ({rule.source})"
+                    if await self.act(s, row, rule, now, why):
                         acted.append(pid)
                         current.pop(pid, None)
                 s.commit()
@@ -253,9 +279,29 @@ class IdleChecker(Periodic):
             self.loop.wake()
         return acted
 
-    async def act(self, s: Any, row: Any, rule: Rule, now: float) -> bool:
+    def warn(self, row: Any, limit: Rule) -> None:
+        """Before the maximum run time: the reason says when and what happens (the widgets and the
+        API show it); a job also finds it through ``gpupool.checkpoint.warning()``."""
+        then = "suspended" if row.type == D.WORKSPACE else "asked to checkpoint and requeued"
+        msg = (f"reaches its maximum run time of {human(limit.after)} at {_iso(row.started_at + limit.after)} "
+               f"({limit.source}); it will then be {then}")
+        mark = "; warning: "
+        if row.reason.endswith(mark + msg):
+            return
+        row.reason = row.reason.split(mark)[0] + mark + msg
+        log.info("%s %s", row.public_id, msg)
+        if row.type == D.JOB:
+            path = os.path.join(self.loop.job_dir(row), "control", "warning")
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path + ".tmp", "w") as f:
+                    json.dump({"message": msg, "at": row.started_at + limit.after}, f)
+                os.replace(path + ".tmp", path)
+            except OSError as e:
+                log.warning("could not write the run time warning of %s: %s", row.public_id, e)
+
+    async def act(self, s: Any, row: Any, rule: Rule, now: float, why: str) -> bool:
         gpu_words = f"GPU{'s' if row.gpus != 1 else ''}"
-        why = f"its {gpu_words} stayed idle (0 % utilisation) for {human(rule.after)} ({rule.source})"
         if rule.action == SUSPEND:
             sus = Suspension(user=row.user, server=row.server, workload=row.public_id, options=start_options(row),
                              reason="", suspended_at=now)
@@ -274,7 +320,7 @@ class IdleChecker(Periodic):
             self._count("suspended", row)
             return True
         if rule.action == REQUEUE:
-            log.warning("requeueing idle job %s: %s", row.public_id, why)
+            log.warning("requeueing job %s: %s", row.public_id, why)
             await self.loop.request_stop(row, "preempt", f"requeued: {why}", now, session=s)
             self._count("requeued", row)
             return True

@@ -47,6 +47,12 @@ def test_rules_are_inherited_and_a_child_may_only_tighten():
         with pytest.raises(GPUPoolConfigError) as e:
             load(bad)
         assert words in str(e.value), (bad, str(e.value))
+    from gpupool.hub_ext.config import load as load_config
+
+    with pytest.raises(GPUPoolConfigError) as e:
+        load_config({"nodes": [], "queues": QUEUES, "max_runtime": {"*": {"train": "1h"}, "vision": {"train": "2h"}}},
+                    discover=False)
+    assert "max_runtime['vision']['train']: 7200 s is looser than the 3600 s of the pool's maximum run time" in str(e.value)
 
 
 def resume_from_home_page(hub, user: str, reason: str) -> None:
@@ -147,3 +153,70 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     assert hub.api("GET", "suspensions?all=1", alice).json()["suspensions"][1]["resumed_by"] == "admin"
     assert hub.api("POST", "suspensions/999/resume", alice).status_code == 404
     assert "Traceback" not in hub.service_log()
+
+
+async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspace(tmp_path, monkeypatch):
+    """In-process with an injected clock: the real loop, idle checker and local backend."""
+    from gpupool import checkpoint
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext.config import load as load_config
+    from gpupool.hub_ext.idle import IdleChecker, Suspension
+    from gpupool.hub_ext.ledger import UsageRecord
+    from gpupool.hub_ext.loop import SchedulerLoop
+
+    t0 = 1_800_000_000.0
+    now = [t0]
+    settings = load_config({"nodes": [{"name": "box", "gpus": 2}], "queues": QUEUES,
+                            "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+                            "work_dir": str(tmp_path), "run_as_user": False,
+                            "max_runtime": {"*": {"train": "1h", "interactive": "2h"}, "vision": {"train": "30m"}}},
+                           discover=False)
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    loop = SchedulerLoop(settings, sessions, LocalBackend())
+    common = dict(user="alice", queue="vision", gpus=1.0, submitted_at=t0, started_at=t0, parameters={},
+                  status="running", preemptible=False, attempt=1, reason="running on box")
+    with sessions() as s:
+        s.add(D.Workload(type=D.WORKSPACE, kind="interactive", server="",
+                         allocation=[{"pod": 0, "node": "box", "gpus": [0], "fraction": 1.0}], **common))
+        s.add(D.Workload(type=D.JOB, kind="train", handle={"pid": 0, "run_id": "none"},
+                         allocation=[{"pod": 0, "node": "box", "gpus": [1], "fraction": 1.0}], **common))
+        s.commit()
+    checker = IdleChecker(loop, sessions, {}, 30, clock=lambda: now[0], limits=settings.max_runtime, warning=600)
+
+    def rows():
+        with sessions() as s:
+            return s.get(D.Workload, 1), s.get(D.Workload, 2)
+
+    now[0] = t0 + 1000
+    assert await checker.tick() == []
+    assert rows()[1].reason == "running on box"
+    now[0] = t0 + 1300  # 10 minutes before the job's 30 minutes
+    await checker.tick()
+    ws, job = rows()
+    assert job.reason.endswith("; warning: reaches its maximum run time of 30 min at 2027-01-15 08:30 UTC "
+                               "(queue vision's maximum run time for train jobs); it will then be asked to "
+                               "checkpoint and requeued"), job.reason
+    assert ws.reason == "running on box"
+    monkeypatch.setenv("GPUPOOL_STOP_FILE", str(tmp_path / "jobs" / "j-000002" / "control" / "stop"))
+    assert checkpoint.warning().startswith("reaches its maximum run time of 30 min") and not checkpoint.should_stop()
+
+    now[0] = t0 + 1800
+    assert await checker.tick() == ["j-000002"]
+    job = rows()[1]
+    assert job.status == "preempting" and job.reason.startswith(
+        "requeued: it ran for its maximum run time of 30 min (queue vision's maximum run time for train jobs)")
+    assert checkpoint.should_stop() and "maximum run time" in checkpoint.stop_reason()
+
+    now[0] = t0 + 6700
+    await checker.tick()
+    assert "reaches its maximum run time of 2 h" in rows()[0].reason and "it will then be suspended" in rows()[0].reason
+    now[0] = t0 + 7200
+    assert await checker.tick() == ["w-000001"]
+    ws = rows()[0]
+    assert ws.status == "cancelled" and ws.allocation is None and ws.reason.startswith(
+        "suspended: it ran for its maximum run time of 2 h (the pool's maximum run time for interactive workspaces)")
+    with sessions() as s:
+        assert s.query(Suspension).one().options == {"gpus": 1.0, "queue": "vision", "preemptible": False}
+        assert s.query(UsageRecord).filter_by(workload="w-000001").one().end_reason == "suspended"
+    await loop.backend.close()
