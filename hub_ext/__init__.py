@@ -139,7 +139,8 @@ def configure(c: Any, *, spawner: bool = True) -> None:
     roles = [dict(r) for r in _value(c.JupyterHub, "load_roles", [])]
     if not any(r.get("name") == "user" for r in roles):
         roles.append({"name": "user", "scopes": ["self"]})
-    _merge_role(roles, "user", [SUBMIT_SCOPE])
+    # access:services: every user may sign in to the service's dashboard page (JupyterHub OAuth)
+    _merge_role(roles, "user", [SUBMIT_SCOPE, f"access:services!service={name}"])
     _merge_role(roles, "gpupool-admin", [ADMIN_SCOPE])
     # list:users + read:servers: the service checks which servers the hub runs (workspace reconcile);
     # servers: it starts a suspended workspace's server again when its owner resumes it (hub_ext/idle.py)

@@ -395,14 +395,15 @@ async def serve(settings: Settings) -> int:
     if nvml is not None and settings.gpu_uuids:
         sampler.start()
     svc.sampler = sampler
-    from . import idle, usage
+    from . import dashboard, idle, usage
 
     checker = idle.IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics,
                                limits=settings.max_runtime, warning=pool.max_runtime_warning)
     checker.start()
     svc.idle = checker
-    app = web.Application(usage.routes(prefix) + idle.routes(prefix) + routes(prefix), gpupool=svc,
-                          log_function=_log_request)
+    app = web.Application(usage.routes(prefix) + idle.routes(prefix) + dashboard.routes(prefix, pool.service_name)
+                          + routes(prefix), gpupool=svc, log_function=_log_request,
+                          cookie_secret=dashboard.cookie_secret())
     server = app.listen(port, address=host, xheaders=True)
     log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),
              prefix, len(settings.nodes), sum(n.gpus for n in settings.nodes), len(settings.queues),

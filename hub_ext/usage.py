@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import csv
 import io
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
@@ -140,6 +141,46 @@ def report(s: Any, since: float, until: float, by: str, now: float, user: str | 
         raise ReportError("by", f"must be one of {', '.join(GROUPS)}")
     if until <= since:
         raise ReportError("until", "must be after since")
+
+    def pieces(r: Any, a: float, b: float) -> Iterable[tuple[str, float, float]]:
+        if by in PERIODS:
+            return split_by_period(a, b, by)
+        key = {"user": r["user"], "queue": r["queue"], "department": r["department"], "kind": r["kind"],
+               "model": r["gpu_model"] or "(unknown)", "node": r["node"]}[by]
+        return [(key, a, b)]
+
+    groups, total = accumulate(s, since, until, now, pieces, user=user, queue=queue)
+    rows = [groups[k].view(k, by) for k in sorted(groups)]
+    if by not in PERIODS:
+        rows.sort(key=lambda x: -x["allocated_gpu_hours"])
+    return {"since": _iso(since), "until": _iso(until), "by": by, "rows": rows, "total": total.view("total", by)}
+
+
+def timeline(s: Any, since: float, until: float, step: float, now: float, user: str | None = None) -> list[dict]:
+    """GPUs allocated and used (means over each ``step``) from ``since`` to ``until``: the
+    dashboard's allocation-versus-utilisation chart. ``used`` is None where nothing was measured."""
+    def pieces(_r: Any, a: float, b: float) -> Iterable[tuple[str, float, float]]:
+        k = int((a - since) // step)
+        while a < b:
+            edge = since + (k + 1) * step
+            yield str(k), a, min(b, edge)
+            a, k = edge, k + 1
+
+    groups, _ = accumulate(s, since, until, now, pieces, user=user)
+    out = []
+    end = min(until, now)
+    for k in range(max(0, math.ceil((end - since) / step))):
+        g = groups.get(str(k), Row())
+        width = min(step, end - (since + k * step))  # the current step: the part that has passed
+        out.append({"t": _iso(since + k * step), "allocated": round(g.allocated / width, 4),
+                    "used": round(g.used / width, 4) if g.measured else None})
+    return out
+
+
+def accumulate(s: Any, since: float, until: float, now: float, pieces: Any, user: str | None = None,
+               queue: str | None = None) -> tuple[dict[str, Row], Row]:
+    """GPU-seconds allocated / measured / used of the ledger records inside [since, until), per
+    key of ``pieces(record, start, end) -> [(key, start, end)]``, and in total."""
     c = L.TABLE.c
     q = select(L.TABLE).where(c.start < until, or_(c.end.is_(None), c.end > since))
     if user:
@@ -154,13 +195,7 @@ def report(s: Any, since: float, until: float, by: str, now: float, user: str | 
         a, b = max(r["start"], since), min(r["end"] if r["end"] is not None else now, until)
         if b <= a:
             continue
-        if by in PERIODS:
-            pieces = list(split_by_period(a, b, by))
-        else:
-            key = {"user": r["user"], "queue": r["queue"], "department": r["department"], "kind": r["kind"],
-                   "model": r["gpu_model"] or "(unknown)", "node": r["node"]}[by]
-            pieces = [(key, a, b)]
-        for key, pa, pb in pieces:
+        for key, pa, pb in pieces(r, a, b):
             row = groups.setdefault(key, Row())
             for target in (row, total):
                 target.workloads.add(r["workload"])
@@ -174,10 +209,7 @@ def report(s: Any, since: float, until: float, by: str, now: float, user: str | 
                 target.allocated += alloc
                 target.measured += covered
                 target.used += weighted
-    rows = [groups[k].view(k, by) for k in sorted(groups)]
-    if by not in PERIODS:
-        rows.sort(key=lambda x: -x["allocated_gpu_hours"])
-    return {"since": _iso(since), "until": _iso(until), "by": by, "rows": rows, "total": total.view("total", by)}
+    return groups, total
 
 
 def to_csv(doc: dict) -> str:

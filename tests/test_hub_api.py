@@ -51,7 +51,8 @@ def test_configure_registers_service_scopes_roles_in_either_order():
     assert doc["GPUPool"]["queues"][0]["users"] == ["alice"]
     assert set(c.JupyterHub.custom_scopes) == {SUBMIT_SCOPE, ADMIN_SCOPE}
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
-    assert roles["user"]["scopes"] == ["self", "read:groups", SUBMIT_SCOPE]  # merged, not replaced
+    # merged, not replaced; access:services: users may sign in to the dashboard
+    assert roles["user"]["scopes"] == ["self", "read:groups", SUBMIT_SCOPE, "access:services!service=gpupool"]
     assert ADMIN_SCOPE in roles["gpupool-service"]["scopes"] and roles["gpupool-service"]["services"] == ["gpupool"]
     # to check workspaces against the hub's servers (workspace reconcile)
     assert {"list:users", "read:servers"} <= set(roles["gpupool-service"]["scopes"])

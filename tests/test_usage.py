@@ -151,6 +151,12 @@ def test_report_numbers_and_sums_agree(scenario):
     if "box2" in by_node:
         assert by_node["box2"]["used_gpu_hours"] is None and by_node["box2"]["utilization"] is None
     assert by_node["box"]["utilization"] == pytest.approx(40.0)
+    # the dashboard's timeline: mean GPUs allocated per hour
+    from gpupool.hub_ext.usage import timeline
+    with sessions() as s:
+        hours = timeline(s, T0, T0 + 6 * H, H, now)
+    assert [h["allocated"] for h in hours] == pytest.approx([3.0, 3.0, 2.5, 0.5, 0.5, 0.0])
+    assert hours[0]["t"] == "2026-11-02T22:00:00Z" and hours[5]["used"] is None
     # a range cuts intervals: only the first hour
     with sessions() as s:
         first = report(s, T0, T0 + H, "user", now)

@@ -1,0 +1,161 @@
+"""The dashboard page at ``/services/gpupool/`` (docs/admin.md).
+
+Signed in through JupyterHub (OAuth, the service's own client; ``oauth_no_confirm``). JupyterHub
+admins see everything; other users see the queues, their own workloads and their own usage.
+The page is a Jinja2 template (templates/dashboard.html) with the data embedded as JSON and drawn
+by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, works offline.
+
+Shows: queue bars (deserved / fair share / allocated), GPUs allocated versus used over the last
+day, pending workloads with their wait and reason, running workloads, idle workloads and their
+holders, and GPU-hours by user and by queue for the last 7 days with CSV downloads
+(``usage.csv?by=...``, the same numbers as ``GET usage``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sqlalchemy import select
+from tornado import web
+
+from . import db as D
+from . import usage as U
+from .api import allocation_view, iso
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_env = Environment(loader=FileSystemLoader(os.path.join(HERE, "templates")), autoescape=select_autoescape())
+DAY = 86400.0
+
+
+def _hub_oauth(service_name: str) -> Any:
+    from jupyterhub.services.auth import HubOAuth
+
+    # a managed service gets JUPYTERHUB_CLIENT_ID from the hub; an external one is service-<name>
+    return HubOAuth(oauth_client_id=os.environ.get("JUPYTERHUB_CLIENT_ID") or f"service-{service_name}",
+                    cache_max_age=60)
+
+
+class _Page:
+    """Mixed in front of HubOAuthenticated handlers: the service and the signed-in identity."""
+
+    def initialize(self, hub_auth: Any) -> None:
+        self.hub_auth = hub_auth
+
+    @property
+    def svc(self) -> Any:
+        return self.application.settings["gpupool"]
+
+    async def identity(self) -> tuple[str, bool]:
+        user = self.current_user
+        name = user["name"]
+        _, admin = await self.svc.auth.user_info(name)
+        return name, bool(admin or user.get("admin"))
+
+
+def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
+    st = svc.loop.state
+    queues = [{"name": q.name, "parent": q.parent, "deserved": q.deserved.get("gpu", 0),
+               "fair_share": round(st.fair_share.get(q.name, {}).get("gpu", 0), 3),
+               "allocated": round(st.allocated.get(q.name, {}).get("gpu", 0), 3),
+               "running": st.queues[q.name].running if q.name in st.queues else 0,
+               "pending": st.queues[q.name].pending if q.name in st.queues else 0} for q in svc.settings.queues]
+    mine = None if admin else name
+    with svc.sessions() as s:
+        q = select(D.Workload).where(D.Workload.status.in_(D.ACTIVE)).order_by(D.Workload.id)
+        if mine:
+            q = q.where(D.Workload.user == mine)
+        rows = list(s.scalars(q))
+        step = 1800.0  # half hours, on the clock; the last one is the current, partial one
+        timeline = U.timeline(s, (now - DAY) // step * step + step, now, step, now, user=mine)
+        week = {by: U.report(s, now - 7 * DAY, now, by, now, user=mine) for by in ("user", "queue")}
+    pending, running = [], []
+    for r in rows:
+        pid = r.public_id
+        view = {"id": pid, "user": r.user, "queue": r.queue, "kind": r.kind, "gpus": r.gpus, "status": r.status,
+                "name": r.name if r.type == D.JOB else f"{r.user}/{r.server}"}
+        if r.status == D.QUEUED and r.allocation is None:
+            view.update(wait=round(now - r.submitted_at), reason=st.pending.get(pid, r.reason),
+                        position=st.positions.get(pid))
+            pending.append(view)
+        elif r.allocation is not None:
+            view.update(since=iso(r.started_at), where=allocation_view(r.allocation), reason=r.reason)
+            running.append(view)
+    idle_checker = getattr(svc, "idle", None)
+    idle = [dict(v, id=k, since=iso(v["since"])) for k, v in sorted((idle_checker.idle if idle_checker else {}).items())
+            if admin or v.get("user") == name]
+    total = sum(n.gpus for n in svc.settings.nodes)
+    return {"user": name, "admin": admin, "now": iso(now), "gpus_total": total, "queues": queues,
+            "timeline": timeline, "pending": pending, "running": running, "idle": idle, "week": week,
+            "since_week": iso(now - 7 * DAY)}
+
+
+def _handlers() -> tuple[type, type, type]:
+    from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+
+    class DashboardHandler(_Page, HubOAuthenticated, web.RequestHandler):
+        def check_xsrf_cookie(self) -> None:
+            return
+
+        async def get(self) -> None:
+            accept = self.request.headers.get("Accept", "")
+            if "text/html" not in accept or self.request.headers.get("Authorization"):
+                # API clients asking the service's root: where the API is (JSON, as before)
+                self.set_header("Content-Type", "application/json")
+                self.finish(json.dumps({"service": "gpupool", "api": "api/v1/", "health": "api/v1/health",
+                                        "dashboard": "./"}))
+                return
+            if self.current_user is None:
+                self.redirect(self.get_login_url())  # JupyterHub's OAuth; back here afterwards
+                return
+            name, admin = await self.identity()
+            data = dashboard_data(self.svc, name, admin, time.time())
+            prefix = self.request.path.rstrip("/") + "/"
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.set_header("Cache-Control", "no-store")
+            self.finish(_env.get_template("dashboard.html").render(
+                data=data, data_json=json.dumps(data), prefix=prefix, static=prefix + "static/"))
+
+    class CSVHandler(_Page, HubOAuthenticated, web.RequestHandler):
+        @web.authenticated
+        async def get(self) -> None:
+            name, admin = await self.identity()
+            now = time.time()
+            by = self.get_argument("by", "user")
+            try:
+                since = U.parse_time(self.get_argument("since"), "since") if self.get_argument("since", None) \
+                    else now - 7 * DAY
+                with self.svc.sessions() as s:
+                    doc = U.report(s, since, now, by, now, user=None if admin else name)
+            except U.ReportError as e:
+                raise web.HTTPError(400, str(e)) from None
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", f'attachment; filename="gpupool-usage-by-{by}.csv"')
+            self.finish(U.to_csv(doc))
+
+    class Callback(_Page, HubOAuthCallbackHandler):
+        pass
+
+    return DashboardHandler, CSVHandler, Callback
+
+
+def routes(prefix: str, service_name: str) -> list[tuple]:
+    """The page, its CSV downloads, the OAuth callback and the vendored static files."""
+    oauth = _hub_oauth(service_name)
+    page, csv_handler, callback = _handlers()
+    base = prefix.rstrip("/")
+    kw = {"hub_auth": oauth}
+    return [
+        (rf"{base}/?", page, kw),
+        (rf"{base}/usage\.csv", csv_handler, kw),
+        (rf"{base}/oauth_callback/?", callback, kw),
+        (rf"{base}/static/(.*)", web.StaticFileHandler, {"path": os.path.join(HERE, "static")}),
+    ]
+
+
+def cookie_secret() -> bytes:
+    """Signs the dashboard's login cookie (new at each start: people sign in again, one click)."""
+    return secrets.token_bytes(32)
