@@ -391,7 +391,7 @@ async def serve(settings: Settings) -> int:
     from .sampling import Sampler
 
     sampler = Sampler(sessions, svc.gpu_readings, pool.usage_sample_seconds, pool.usage_raw_retention,
-                      pool.usage_rollup_seconds, pool.usage_rollup_retention)
+                      pool.usage_rollup_seconds, pool.usage_rollup_retention, metrics=metrics)
     if nvml is not None and settings.gpu_uuids:
         sampler.start()
     svc.sampler = sampler

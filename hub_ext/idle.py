@@ -186,7 +186,8 @@ def human(seconds: float) -> str:
         h, m = divmod(round(seconds / 60), 60)
         return f"{h} h" + (f" {m} min" if m else "")
     if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
+        m, s = divmod(round(seconds), 60)
+        return f"{m} min" + (f" {s} s" if s else "")
     return f"{seconds:g} s"
 
 
@@ -256,7 +257,7 @@ class IdleChecker(Periodic):
                     limit = self.limits.get((row.queue, workload_class(row)))
                     if limit is not None and ran >= limit.after:
                         why = f"it ran for its maximum run time of {human(limit.after)} ({limit.source})"
-                        if await self.act(s, row, limit, now, why):
+                        if await self.act(s, row, limit, now, why, cause="max-runtime"):
                             acted.append(row.public_id)
                             continue
                     elif limit is not None and ran >= limit.after - self.warning:
@@ -275,6 +276,8 @@ class IdleChecker(Periodic):
                         current.pop(pid, None)
                 s.commit()
             self.idle = current
+            if self.metrics is not None:
+                self.metrics.observe_idle(current, [q for q, _ in self.rules])
         if acted:
             self.loop.wake()
         return acted
@@ -300,7 +303,7 @@ class IdleChecker(Periodic):
             except OSError as e:
                 log.warning("could not write the run time warning of %s: %s", row.public_id, e)
 
-    async def act(self, s: Any, row: Any, rule: Rule, now: float, why: str) -> bool:
+    async def act(self, s: Any, row: Any, rule: Rule, now: float, why: str, cause: str = "idle") -> bool:
         gpu_words = f"GPU{'s' if row.gpus != 1 else ''}"
         if rule.action == SUSPEND:
             sus = Suspension(user=row.user, server=row.server, workload=row.public_id, options=start_options(row),
@@ -323,6 +326,8 @@ class IdleChecker(Periodic):
             log.warning("requeueing job %s: %s", row.public_id, why)
             await self.loop.request_stop(row, "preempt", f"requeued: {why}", now, session=s)
             self._count("requeued", row)
+            if self.metrics is not None:
+                self.metrics.evictions.labels(cause=cause).inc()
             return True
         flag = f"; idle: {why}"
         if not row.reason.endswith(flag):

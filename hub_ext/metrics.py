@@ -19,6 +19,21 @@ class Metrics:
                                 ["queue", "what"], registry=r)
         self.idle_actions = Counter("gpupool_idle_actions", "Idle-GPU rule actions: suspended, requeued, flagged",
                                     ["queue", "action"], registry=r)
+        # accounting (docs/admin.md): GPU-hours since the service started, idle GPUs, utilisation
+        self.gpu_hours_allocated = Counter("gpupool_gpu_hours_allocated", "GPU-hours allocated, per leaf queue",
+                                           ["queue"], registry=r)
+        self.gpu_hours_used = Counter("gpupool_gpu_hours_used", "GPU-hours used (allocation weighted by NVML "
+                                      "utilisation; only GPUs with readings), per leaf queue", ["queue"], registry=r)
+        self.idle_gpus = Gauge("gpupool_idle_gpus", "GPUs held by workloads that are idle by the idle rules",
+                               ["queue"], registry=r)
+        self.evictions = Counter("gpupool_evictions", "Workloads asked to stop by the scheduler or a rule, by cause "
+                                 "(reclaim, priority, consolidation, idle, max-runtime)", ["cause"], registry=r)
+        self.gpu_utilization = Gauge("gpupool_gpu_utilization", "NVML utilisation of a GPU (percent)",
+                                     ["node", "gpu"], registry=r)
+        self.gpu_memory_used = Gauge("gpupool_gpu_memory_used_bytes", "NVML memory used on a GPU", ["node", "gpu"],
+                                     registry=r)
+        self._held: dict[str, float] = {}
+        self._held_at: float | None = None
         self.gpus_total = Gauge("gpupool_gpus_total", "GPUs in the pool", registry=r)
         self.gpus_allocated = Gauge("gpupool_gpus_allocated", "GPUs allocated (fractions summed)", registry=r)
         self.cycle_seconds = Histogram("gpupool_cycle_seconds", "Duration of a scheduling cycle (all steps)",
@@ -28,6 +43,17 @@ class Metrics:
 
     def observe_cycle(self, loop: Any, snap: Any, result: Any, seconds: float, decide_ms: float) -> None:
         self.cycle_seconds.observe(seconds)
+        for ev in result.evictions:
+            self.evictions.labels(cause=ev.cause).inc()
+        # GPU-hours allocated: what was held since the last cycle (constant between cycles)
+        if self._held_at is not None and snap.now > self._held_at:
+            for queue, gpus in self._held.items():
+                self.gpu_hours_allocated.labels(queue=queue).inc(gpus * (snap.now - self._held_at) / 3600)
+        held: dict[str, float] = {}
+        for w in snap.workloads:
+            for p in w.placements or ():
+                held[w.queue] = held.get(w.queue, 0.0) + len(p.gpus) * p.fraction
+        self._held, self._held_at = held, snap.now
         self.decide_seconds.observe(decide_ms / 1000)
         for name, view in loop.state.queues.items():
             self.workloads.labels(queue=name, phase="holding").set(view.running)
@@ -42,6 +68,26 @@ class Metrics:
             self.queue_gpus.labels(queue=q.name, what="allocated").set(got)
         self.gpus_total.set(sum(n.gpus for n in loop.settings.nodes))
         self.gpus_allocated.set(allocated)
+
+    def observe_readings(self, readings: dict, seconds: float, holders: dict) -> None:
+        """One round of NVML readings (hub_ext/sampling.py): per-GPU gauges, and the GPU-hours used
+        by the queues holding those GPUs (``holders``: (node, gpu) -> [(queue, fraction)])."""
+        for node, gpus in readings.items():
+            for index, r in gpus.items():
+                util, mem = r.get("utilization"), r.get("memory_used")
+                if util is not None:
+                    self.gpu_utilization.labels(node=node, gpu=str(index)).set(util)
+                    for queue, fraction in holders.get((node, int(index)), ()):
+                        self.gpu_hours_used.labels(queue=queue).inc(fraction * util / 100 * seconds / 3600)
+                if mem is not None:
+                    self.gpu_memory_used.labels(node=node, gpu=str(index)).set(mem)
+
+    def observe_idle(self, idle: dict, queues: list[str]) -> None:
+        per_queue = {q: 0.0 for q in queues}
+        for w in idle.values():
+            per_queue[w["queue"]] = per_queue.get(w["queue"], 0.0) + float(w.get("gpus") or 0)
+        for queue, gpus in per_queue.items():
+            self.idle_gpus.labels(queue=queue).set(gpus)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -44,6 +44,17 @@ class GpuSample(D.Base):
 TABLE = GpuSample.__table__
 
 
+def holders(s: Any) -> dict[tuple[str, int], list[tuple[str, float]]]:
+    """(node, GPU index) -> [(queue, fraction)] of the workloads holding GPUs now."""
+    out: dict[tuple[str, int], list[tuple[str, float]]] = {}
+    for queue, allocation in s.execute(select(D.Workload.queue, D.Workload.allocation)
+                                       .where(D.Workload.allocation.is_not(None))):
+        for p in allocation or []:
+            for g in p.get("gpus", []):
+                out.setdefault((p["node"], int(g)), []).append((queue, float(p.get("fraction", 1.0))))
+    return out
+
+
 class Sampler(Periodic):
     """Reads NVML every ``interval`` seconds and keeps the history downsampled.
 
@@ -51,7 +62,7 @@ class Sampler(Periodic):
     ``gpu_readings``); ``clock`` gives the time (tests pass their own)."""
 
     def __init__(self, sessions: Any, read: Any, interval: float, raw_retention: float, rollup_seconds: float,
-                 rollup_retention: float, clock: Any = time.time):
+                 rollup_retention: float, clock: Any = time.time, metrics: Any = None):
         self.sessions = sessions
         self.read = read
         self.interval = interval
@@ -59,6 +70,7 @@ class Sampler(Periodic):
         self.rollup_seconds = rollup_seconds
         self.rollup_retention = rollup_retention
         self.clock = clock
+        self.metrics = metrics
         self.last: dict[tuple[str, int], dict] = {}  # latest reading per GPU (the idle rules read it)
         self._last_t: float | None = None
         self._last_rollup = 0.0
@@ -81,10 +93,13 @@ class Sampler(Periodic):
                 # the reading stands for the period since the previous one
                 rows.append(dict(node=node, gpu=int(index), t=now - seconds, seconds=seconds,
                                  utilization=r.get("utilization"), memory_used=r.get("memory_used"), resolution=0))
-        if rows:
+        if rows or self.metrics is not None:
             with self.sessions() as s:
-                s.execute(TABLE.insert(), rows)
-                s.commit()
+                if rows:
+                    s.execute(TABLE.insert(), rows)
+                    s.commit()
+                if self.metrics is not None:
+                    self.metrics.observe_readings(readings, seconds, holders(s))
         return len(rows)
 
     def downsample(self) -> tuple[int, int]:

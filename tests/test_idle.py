@@ -182,7 +182,10 @@ async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspa
         s.add(D.Workload(type=D.JOB, kind="train", handle={"pid": 0, "run_id": "none"},
                          allocation=[{"pod": 0, "node": "box", "gpus": [1], "fraction": 1.0}], **common))
         s.commit()
-    checker = IdleChecker(loop, sessions, {}, 30, clock=lambda: now[0], limits=settings.max_runtime, warning=600)
+    from gpupool.hub_ext.metrics import Metrics
+    metrics = Metrics()
+    checker = IdleChecker(loop, sessions, {}, 30, clock=lambda: now[0], limits=settings.max_runtime, warning=600,
+                          metrics=metrics)
 
     def rows():
         with sessions() as s:
@@ -207,6 +210,7 @@ async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspa
     assert job.status == "preempting" and job.reason.startswith(
         "requeued: it ran for its maximum run time of 30 min (queue vision's maximum run time for train jobs)")
     assert checkpoint.should_stop() and "maximum run time" in checkpoint.stop_reason()
+    assert metrics.registry.get_sample_value("gpupool_evictions_total", {"cause": "max-runtime"}) == 1
 
     now[0] = t0 + 6700
     await checker.tick()
@@ -219,4 +223,59 @@ async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspa
     with sessions() as s:
         assert s.query(Suspension).one().options == {"gpus": 1.0, "queue": "vision", "preemptible": False}
         assert s.query(UsageRecord).filter_by(workload="w-000001").one().end_reason == "suspended"
+    await loop.backend.close()
+
+
+async def test_idle_job_is_flagged_and_counted_while_its_gpu_reads_zero(tmp_path):
+    """Idle means every 30 s window of the rule's time had readings, all 0 %; one busy reading ends it."""
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext.config import load as load_config
+    from gpupool.hub_ext.idle import IdleChecker
+    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.metrics import Metrics
+    from gpupool.hub_ext.sampling import Sampler
+
+    t0 = 1_800_000_000.0
+    now = [t0]
+    settings = load_config({"nodes": [{"name": "box", "gpus": 2}], "queues": QUEUES,
+                            "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+                            "work_dir": str(tmp_path), "run_as_user": False,
+                            "idle_rules": {"vision": {"train": {"after": 90}}}}, discover=False)
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    loop = SchedulerLoop(settings, sessions, LocalBackend())
+    with sessions() as s:
+        s.add(D.Workload(type=D.JOB, kind="train", user="bob", queue="vision", gpus=1.0, submitted_at=t0,
+                         started_at=t0, parameters={}, status="running", attempt=1, reason="running on box GPU 1",
+                         handle={"pid": 0}, allocation=[{"pod": 0, "node": "box", "gpus": [1], "fraction": 1.0}]))
+        s.commit()
+    util = {1: 0.0}
+    sampler = Sampler(sessions, lambda: {"box": {1: {"utilization": util[1], "memory_used": 0}}}, 10, 86400, 300,
+                      86400, clock=lambda: now[0])
+    metrics = Metrics()
+    checker = IdleChecker(loop, sessions, settings.idle_rules, 30, metrics=metrics, clock=lambda: now[0])
+
+    def advance(seconds):
+        for _ in range(int(seconds // 10)):
+            now[0] += 10
+            sampler.sample()
+
+    def reason():
+        with sessions() as s:
+            return s.get(D.Workload, 1).reason
+
+    advance(60)
+    await checker.tick()  # held 60 s of the 90: not yet
+    assert reason() == "running on box GPU 1"
+    advance(40)
+    assert await checker.tick() == []  # flagged, not stopped
+    assert reason() == ("running on box GPU 1; idle: its GPU stayed idle (0 % utilisation) for 1 min 30 s "
+                        "(queue vision's rule for train jobs)"), reason()
+    assert "j-000001" in checker.idle
+    assert metrics.registry.get_sample_value("gpupool_idle_gpus", {"queue": "vision"}) == 1.0
+    assert metrics.registry.get_sample_value("gpupool_idle_actions_total", {"queue": "vision", "action": "flagged"}) == 1
+    util[1] = 3.0  # a kernel touches the GPU: active again
+    advance(10)
+    await checker.tick()
+    assert checker.idle == {} and metrics.registry.get_sample_value("gpupool_idle_gpus", {"queue": "vision"}) == 0.0
     await loop.backend.close()

@@ -303,6 +303,12 @@ def test_utilisation_is_sampled_and_weights_used_gpu_hours(nvml_hub):
         row = doc["rows"][0] if doc["rows"] else {}
         return row.get("measured_gpu_hours", 0) * 3600 > 1.0 and row
     row = hub.wait_for(used, 20, message="no measured GPU-hours")
+    # Prometheus: per-GPU utilisation, GPU-hours allocated and used by the queue holding it
+    import re
+    text = hub.api("GET", "metrics").text
+    assert re.search(rf'gpupool_gpu_utilization{{gpu="{gpu}",node="[^"]+"}} 75.0', text), text
+    values = {m[0]: float(m[1]) for m in re.findall(r'^(gpupool_gpu_hours_\w+_total){queue="vision"} (\S+)$', text, re.M)}
+    assert values["gpupool_gpu_hours_allocated_total"] > 0 and values["gpupool_gpu_hours_used_total"] > 0, values
     # every reading during the allocation: 0 % until the test set 75 %, then 75 %
     assert 0 < row["used_gpu_hours"] <= 0.75 * row["measured_gpu_hours"] + 1e-9
     assert row["measured_gpu_hours"] <= row["allocated_gpu_hours"] + 1e-9
