@@ -245,3 +245,26 @@ def test_placement_choices_are_the_schedulers():
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert tuple(schema["properties"]["gpupool"]["properties"]["placement"]["enum"]) == POLICIES
     assert all(f"`{p}`" in (CHART.parents[1] / "docs" / "hub.md").read_text() for p in POLICIES)
+
+
+def test_grafana_dashboard_uses_the_services_metrics(chart):
+    """The dashboard ConfigMap is there when enabled, with the sidecar's label, and every metric its
+    panels query is one the gpupool service exports (hub_ext/metrics.py)."""
+    import json
+    import re
+
+    from gpupool.hub_ext.metrics import Metrics
+
+    assert not [d for d in by_kind(render(chart, values("default")), "ConfigMap") if "grafana" in d["metadata"]["name"]]
+    docs = render(chart, {**values("default"), "grafana": {"dashboard": {"enabled": True}}})
+    [cm] = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-grafana-dashboard")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["gpupool.json"])
+    families = list(Metrics().registry.collect())  # labelled series have no samples yet: use the families
+    exported = {m.name + ("_total" if m.type == "counter" else "") for m in families} | {
+        s.name for m in families for s in m.samples}
+    used = {name for p in dash["panels"] for t in p["targets"] for name in re.findall(r"\bgpupool_\w+", t["expr"])}
+    assert used and used <= exported | {n + "_bucket" for n in exported}, used - exported
+    for want in ("gpupool_gpu_hours_allocated_total", "gpupool_gpu_hours_used_total", "gpupool_idle_gpus",
+                 "gpupool_evictions_total", "gpupool_gpu_utilization"):
+        assert want in used
