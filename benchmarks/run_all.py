@@ -8,7 +8,9 @@ configuration of each in turn and stops at the first that fails:
 * placement.py: trace fill on the Alibaba default trace, seeds 42..51, every policy, beside the
   FGD paper's numbers (BestFit 92.86%, FGD 95.23%);
 * api_throughput.py: job submissions per second accepted and persisted (goal >= 500/s);
-* spawn_admission.py: admission overhead the GPU-aware spawner adds (goal <= 100 ms).
+* spawn_admission.py: admission overhead the GPU-aware spawner adds (goal <= 100 ms);
+* usage_report.py: a month's consumption report over 20,000 ledger records and 276,480
+  utilisation rows (docs/admin.md).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ RUNS = [
     ("placement.py", ["--trace", "default", "--policy", "default", "fgd", "bestfit", "random", "--seeds", "42-51"]),
     ("api_throughput.py", []),
     ("spawn_admission.py", []),
+    ("usage_report.py", []),
 ]
 
 

@@ -104,33 +104,38 @@ class Row:
 
 
 class Readings:
-    """The utilisation history of the GPUs a report touches, for overlap sums."""
+    """The utilisation history of the GPUs a report touches, with prefix sums per GPU so that the
+    overlap of any interval costs two binary searches (a GPU's rows do not overlap in time)."""
 
     def __init__(self, s: Any, since: float, until: float):
         c = S.TABLE.c
         q = (select(c.node, c.gpu, c.t, c.seconds, c.utilization)
              .where(c.utilization.is_not(None), c.t < until, c.t + c.seconds > since).order_by(c.node, c.gpu, c.t))
-        self.series: dict[tuple[str, int], tuple[list[float], list[tuple[float, float, float]]]] = {}
+        # (node, gpu) -> starts, ends, utilisations, cumulative seconds, cumulative weighted seconds
+        self.series: dict[tuple[str, int], tuple[list[float], ...]] = {}
         for node, gpu, t, secs, util in s.execute(q):
-            starts, spans = self.series.setdefault((node, gpu), ([], []))
+            starts, ends, utils, cum, cum_w = self.series.setdefault((node, gpu), ([], [], [], [0.0], [0.0]))
             starts.append(t)
-            spans.append((t, t + secs, util))
-        self.longest = max((sp[1] - sp[0] for _, spans in self.series.values() for sp in spans), default=0.0)
+            ends.append(t + secs)
+            utils.append(util / 100.0)
+            cum.append(cum[-1] + secs)
+            cum_w.append(cum_w[-1] + secs * util / 100.0)
 
     def overlap(self, node: str, gpu: int, a: float, b: float) -> tuple[float, float]:
         """(seconds with a reading, utilisation-weighted seconds) of one GPU within [a, b)."""
         found = self.series.get((node, gpu))
         if not found:
             return 0.0, 0.0
-        starts, spans = found
-        i = bisect.bisect_left(starts, a - self.longest)
-        covered = weighted = 0.0
-        while i < len(spans) and spans[i][0] < b:
-            lo, hi = max(a, spans[i][0]), min(b, spans[i][1])
-            if hi > lo:
-                covered += hi - lo
-                weighted += (hi - lo) * spans[i][2] / 100.0
-            i += 1
+        starts, ends, utils, cum, cum_w = found
+        i = bisect.bisect_right(ends, a)  # the first row ending after a
+        j = bisect.bisect_left(starts, b)  # rows i..j-1 start before b
+        if i >= j:
+            return 0.0, 0.0
+        covered, weighted = cum[j] - cum[i], cum_w[j] - cum_w[i]
+        for k in {i, j - 1}:  # the rows cut by the interval's edges
+            cut = (ends[k] - starts[k]) - max(0.0, min(b, ends[k]) - max(a, starts[k]))
+            covered -= cut
+            weighted -= cut * utils[k]
         return covered, weighted
 
 
