@@ -170,6 +170,9 @@ c.GPUPool.run_as_user = False  # demo users have no system accounts
 c.GPUPool.work_dir = os.path.join(ROOT, "homes", "{{user}}")
 c.GPUPool.db_url = "sqlite:///" + os.path.join(ROOT, "gpupool.sqlite")
 c.GPUPool.job_root = os.path.join(ROOT, "jobs")
+# idle GPUs (docs/admin.md): suspend a workspace whose GPUs read 0 % for 30 minutes, flag idle jobs.
+# Only GPUs that NVML reads are judged; the declared demo GPUs have no readings, so nothing is idle.
+c.GPUPool.idle_rules = {{"*": {{"interactive": {{"after": "30m"}}, "train": {{"after": "1h", "action": "flag"}}}}}}
 configure(c)
 
 # -- servers idle for an hour are stopped, so their GPUs go back to the pool (jupyterhub-idle-culler) --
@@ -208,5 +211,6 @@ def banner(opts: DemoOptions) -> str:
     return (f"\ngpupool demo hub is up: {url}\n"
             f"  log in as alice (queue vision), bob (queue nlp) or carol (admin); password: {DEMO_PASSWORD}\n"
             f"  GPUs: {gpus}\n"
+            f"  dashboard (queues, GPU-hours, idle GPUs): {url}services/gpupool/  ·  `gpupool report --since ...`\n"
             f"  files: {DEMO_DIR}/ (delete it to start over); Ctrl-C stops the hub and every server\n"
             f"  (running jobs keep running; the next start re-adopts them)\n")

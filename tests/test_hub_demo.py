@@ -217,6 +217,7 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         # the banner names the URL and the logins
         out = hub.wait_output("demo hub is up", 20)
         assert f"http://127.0.0.1:{port}/" in out and "password: gpupool" in out and "carol" in out
+        assert f"http://127.0.0.1:{port}/services/gpupool/" in out  # the dashboard
         # log in as alice with the documented password: the hub redirects to her spawn page
         import requests
 
