@@ -175,10 +175,18 @@ def test_job_view_stops_refreshing_when_the_job_ends_and_dashboard_closes(alice,
         assert 'data-status="cancelled"' in view.html.value and view.cancel_button.disabled
     finally:
         view.close()
+    # alice's own server, as the spawner asked for it: the dashboard shows it with its reason (where a
+    # warning of its maximum run time or idle GPUs appears, docs/admin.md)
+    r = hub.api("POST", "workspaces/alice", hub.service_token, json={"gpus": 0.25, "queue": "vision"})
+    assert r.status_code in (200, 201), r.text
+    hub.wait_for(lambda: hub.api("GET", "workspaces/alice", hub.service_token).json()["status"] == "running", 20)
     d = gpupool.dashboard(client=alice, user="alice", interval=0.2)
     d2 = None
     try:
         assert "vision" in d.queues.html.value and "box2" in d.gpus.html.value and job.id in d.jobs.html.value
+        reason = hub.api("GET", "workspaces/alice", hub.service_token).json()["reason"]
+        assert 'class="gpupool-workspace" data-status="running"' in d.server.value and "0.25 GPUs" in d.server.value
+        assert gpupool.widgets.render.E(reason) in d.server.value
         assert d.refresher.running
         d2 = gpupool.dashboard(client=alice, interval=0.2)  # re-running the cell freezes the older one
         hub.wait_for(lambda: not d.refresher.running, 10)
@@ -187,6 +195,7 @@ def test_job_view_stops_refreshing_when_the_job_ends_and_dashboard_closes(alice,
         d.close()
         if d2 is not None:
             d2.close()
+        hub.api("DELETE", "workspaces/alice", hub.service_token)
     assert not d2.refresher.running and d2.refresher.name not in _threads()
 
 

@@ -320,6 +320,18 @@ def jobs_html(jobs: Sequence[Mapping], user: str | None = None) -> str:
     return _table(["job", "name", "queue", "status", "GPUs", "reason"], trs, "gpupool-jobs")
 
 
+def workspace_html(ws: Mapping | None) -> str:
+    """The notebook's own server as the scheduler sees it: status, GPUs and its reason, which says
+    when it will be suspended (maximum run time, idle GPUs; docs/admin.md). Empty without one."""
+    if not ws:
+        return ""
+    gpus = ws.get("gpus")
+    want = f"{gpus:g} GPU{'s' if gpus != 1 else ''}" if isinstance(gpus, (int, float)) else "GPU memory"
+    return (f'<div class="gpupool-workspace" data-status="{E(str(ws.get("status")))}" style="{FONT}">'
+            f'<b>Your server</b> {badge(ws.get("status"))} {E(want)} in {E(str(ws.get("queue") or ""))}: '
+            f'{E(ws.get("reason") or "")}</div>')
+
+
 # -- sweeps --------------------------------------------------------------------------------------
 def progress_bar(done: int, total: int, width: int = 200) -> str:
     pct = 100.0 * done / total if total else 0.0

@@ -292,10 +292,13 @@ class Dashboard(w.VBox):
         self.gpus = GPUView(**kw)
         self.jobs = JobsView(**kw)
         self._client = client
+        self.user = user if user is not None else _current_user()
+        self.server = w.HTML()  # this notebook's own server (its GPUs and any warning), when it has one
         self.status_line = w.HTML()
         heads = [w.HTML(f'<h4 style="margin:6px 0 2px 0">{t}</h4>') for t in ("Queues", "GPUs", "Your jobs")]
         self._heads = heads
-        super().__init__([heads[0], self.queues, heads[1], self.gpus, heads[2], self.jobs, self.status_line])
+        super().__init__([self.server, heads[0], self.queues, heads[1], self.gpus, heads[2], self.jobs,
+                          self.status_line])
         self.add_class("gpupool-dashboard")
         self.refresher = Refresher(self.refresh, interval, self._show_error, name="gpupool-dashboard")
         # a newer dashboard supersedes older ones: freeze them so re-running a cell leaks no threads
@@ -314,12 +317,15 @@ class Dashboard(w.VBox):
 
     def fetch(self) -> dict:
         c = self.client
-        return {"queues": c.queues(), "nodes": c.nodes(), "jobs": c.jobs()}
+        return {"queues": c.queues(), "nodes": c.nodes(), "jobs": c.jobs(), "workspaces": c.workspaces()}
 
     def show(self, data: dict) -> None:
         self.queues.show({"queues": data["queues"], "jobs": data["jobs"]})
         self.gpus.show({"nodes": data["nodes"]})
         self.jobs.show({"jobs": data["jobs"]})
+        name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        mine = [ws for ws in data.get("workspaces", []) if ws.get("user") == self.user and ws.get("server") == name]
+        self.server.value = render.workspace_html(mine[0] if mine else None)
         for v in (self.queues, self.gpus, self.jobs):
             v.status_line.value = ""
         self.status_line.value = (f'<span style="color:#999;font-size:11px">updated {time.strftime("%H:%M:%S")}'
@@ -341,6 +347,7 @@ class Dashboard(w.VBox):
         for h in self._heads:
             h.close()
         self.status_line.close()
+        self.server.close()
         super().close()
 
 
