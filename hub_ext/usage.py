@@ -217,6 +217,34 @@ def accumulate(s: Any, since: float, until: float, now: float, pieces: Any, user
     return groups, total
 
 
+def history(s: Any, since: float, until: float, node: str | None = None, gpu: int | None = None,
+            workload: str | None = None) -> list[dict]:
+    """The stored NVML readings (hub_ext/sampling.py) per GPU in [since, until): of one GPU, of every
+    GPU, or of the GPUs a workload held while it held them (from the ledger)."""
+    spans: dict[tuple[str, int], list[tuple[float, float]]] | None = None
+    if workload is not None:
+        c = L.TABLE.c
+        spans = {}
+        for r in s.execute(select(L.TABLE).where(c.workload == workload, c.start < until,
+                                                 or_(c.end.is_(None), c.end > since))).mappings():
+            for g in r["gpu_indices"] or []:
+                spans.setdefault((r["node"], int(g)), []).append((max(r["start"], since),
+                                                                  min(r["end"] or until, until)))
+    c = S.TABLE.c
+    q = select(c.node, c.gpu, c.t, c.seconds, c.utilization, c.memory_used).where(c.t < until, c.t + c.seconds > since)
+    if node is not None:
+        q = q.where(c.node == node)
+    if gpu is not None:
+        q = q.where(c.gpu == gpu)
+    series: dict[tuple[str, int], list[dict]] = {}
+    for n, g, t, secs, util, mem in s.execute(q.order_by(c.node, c.gpu, c.t)):
+        if spans is not None and not any(t < b and t + secs > a for a, b in spans.get((n, g), ())):
+            continue
+        series.setdefault((n, g), []).append({"t": _iso(t), "seconds": secs, "utilization": util,
+                                              "memory_used": mem})
+    return [{"node": n, "gpu": g, "points": pts} for (n, g), pts in sorted(series.items())]
+
+
 def to_csv(doc: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out)
@@ -275,6 +303,45 @@ class UsageHandler(BaseHandler):
         self.send(doc)
 
 
+class UsageHistoryHandler(BaseHandler):
+    """``GET usage/history?since=&until=&node=&gpu=&workload=``: stored utilisation readings per GPU
+    (any user: GPUs are public, like GET nodes) or of one workload's GPUs (its owner or an admin)."""
+
+    def get(self) -> None:
+        import time
+
+        from . import db as D
+
+        self.require_user_token()
+        args = {k: self.get_argument(k, None) for k in ("since", "until", "node", "gpu", "workload")}
+        for key in self.request.arguments:
+            if key not in args:
+                raise APIError(400, f"{key}: unknown parameter (allowed: {', '.join(args)})", key)
+        now = time.time()
+        try:
+            until = parse_time(args["until"], "until") if args["until"] else now
+            since = parse_time(args["since"], "since") if args["since"] else until - 86400
+        except ReportError as e:
+            raise APIError(400, str(e), e.field) from None
+        gpu = None
+        if args["gpu"] is not None:
+            if not args["gpu"].isdigit():
+                raise APIError(400, "gpu: must be a GPU index (0, 1, ...)", "gpu")
+            gpu = int(args["gpu"])
+        with self.svc.sessions() as s:
+            if args["workload"]:
+                parsed = D.parse_public_id(args["workload"])
+                row = s.get(D.Workload, parsed[1]) if parsed else None
+                owner = row.user if row is not None else s.scalar(
+                    select(L.TABLE.c.user).where(L.TABLE.c.workload == args["workload"]).limit(1))
+                if owner is None:
+                    raise APIError(404, f"no workload {args['workload']!r}", "workload")
+                if not (self.ident.admin or owner == self.ident.name):
+                    raise APIError(403, f"workload {args['workload']} belongs to another user", "workload")
+            series = history(s, since, until, args["node"], gpu, args["workload"])
+        self.send({"since": _iso(since), "until": _iso(until), "workload": args["workload"], "series": series})
+
+
 def routes(prefix: str) -> list[tuple]:
     api = prefix.rstrip("/") + "/api/v1"
-    return [(rf"{api}/usage/?", UsageHandler)]
+    return [(rf"{api}/usage/?", UsageHandler), (rf"{api}/usage/history/?", UsageHistoryHandler)]

@@ -312,6 +312,13 @@ def test_utilisation_is_sampled_and_weights_used_gpu_hours(nvml_hub):
     # every reading during the allocation: 0 % until the test set 75 %, then 75 %
     assert 0 < row["used_gpu_hours"] <= 0.75 * row["measured_gpu_hours"] + 1e-9
     assert row["measured_gpu_hours"] <= row["allocated_gpu_hours"] + 1e-9
+    # the history: this workspace's GPU only (75 % once set), and every GPU of the node
+    hist = hub.api("GET", f"usage/history?workload={ws['id']}", alice).json()["series"]
+    assert [(h["gpu"]) for h in hist] == [gpu] and 75.0 in [p["utilization"] for p in hist[0]["points"]]
+    both = hub.api("GET", f"usage/history?node={node['name']}&since={since}", alice).json()["series"]
+    assert [h["gpu"] for h in both] == [0, 1] and all(p["utilization"] == 0.0 for p in both[1 - gpu]["points"])
+    assert hub.api("GET", "usage/history?workload=j-999999", alice).status_code == 404
+    assert hub.api("GET", "usage/history?gpu=first", alice).json()["field"] == "gpu"
     hub.api("DELETE", "workspaces/alice", hub.service_token)
     import sqlite3
     db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
