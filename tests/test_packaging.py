@@ -19,6 +19,10 @@ def test_wheel_builds_and_imports(tmp_path):
     names = zipfile.ZipFile(wheels[0]).namelist()
     for sub in ("scheduler", "hub_ext", "spawner", "widgets"):
         assert f"gpupool/{sub}/__init__.py" in names, sub
+    # the dashboard's page, the hub home page template and the vendored Chart.js with its license
+    for data in ("templates/dashboard.html", "templates/hub/home.html", "static/chart.umd.min.js",
+                 "static/chart.js-LICENSE.md"):
+        assert f"gpupool/hub_ext/{data}" in names, data
     # Install the wheel alone into a bare target dir and import the pure core from there.
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheels[0])],
