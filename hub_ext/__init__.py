@@ -122,6 +122,8 @@ def configure(c: Any, *, spawner: bool = True) -> None:
         "environment": {"GPUPOOL_CONFIG": _service_config},
         "api_token": token,
         "oauth_no_confirm": True,
+        # the dashboard's sign-in token carries the user's gpupool scopes (admins see everything)
+        "oauth_client_allowed_scopes": [SUBMIT_SCOPE, ADMIN_SCOPE],
         "display": False,
     })
     c.JupyterHub.services = services

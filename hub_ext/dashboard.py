@@ -50,10 +50,15 @@ class _Page:
         return self.application.settings["gpupool"]
 
     async def identity(self) -> tuple[str, bool]:
+        """(name, admin): JupyterHub admins, and holders of custom:gpupool:admin (e.g. members of
+        the gpupool-admin role: the sign-in token carries the user's gpupool scopes)."""
+        from . import ADMIN_SCOPE
+        from .auth import _has
+
         user = self.current_user
         name = user["name"]
-        _, admin = await self.svc.auth.user_info(name)
-        return name, bool(admin or user.get("admin"))
+        _, hub_admin = await self.svc.auth.user_info(name)
+        return name, bool(hub_admin or user.get("admin") or _has(user.get("scopes") or [], ADMIN_SCOPE))
 
 
 def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:

@@ -262,8 +262,11 @@ def nvml_hub(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("usage-nvml")
     gp = {"nodes": None, "nvml_module": "nvml_standin", "usage_sample_seconds": 0.2,
           "queues": [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"]}]}
+    carol_admin = ("for _r in c.JupyterHub.load_roles:\n"  # carol: a gpupool admin, not a JupyterHub admin
+                   "    if _r['name'] == 'gpupool-admin':\n        _r['users'] = ['carol']\n")
     with nvml_standin.for_services(tmp / "nvml.json", [0.0, 0.0]) as readings, \
-            Hub(tmp, gpupool=gp, users=["alice"], admins=["admin"], managed=False) as hub:
+            Hub(tmp, gpupool=gp, users=["alice", "carol"], admins=["admin"], extra_config=carol_admin,
+                managed=False) as hub:
         hub.readings = readings
         yield hub
 
@@ -319,6 +322,7 @@ def test_utilisation_is_sampled_and_weights_used_gpu_hours(nvml_hub):
     assert [h["gpu"] for h in both] == [0, 1] and all(p["utilization"] == 0.0 for p in both[1 - gpu]["points"])
     assert hub.api("GET", "usage/history?workload=j-999999", alice).status_code == 404
     assert hub.api("GET", "usage/history?gpu=first", alice).json()["field"] == "gpu"
+    dashboard_with_readings(hub, ws["id"])
     hub.api("DELETE", "workspaces/alice", hub.service_token)
     import sqlite3
     db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
@@ -326,3 +330,29 @@ def test_utilisation_is_sampled_and_weights_used_gpu_hours(nvml_hub):
     db.close()
     assert {g for g, _ in samples} == {0, 1} and (gpu, 75.0) in samples and (1 - gpu, 0.0) in samples
     assert "Traceback" not in hub.service_log()
+
+
+def dashboard_with_readings(hub, workspace: str) -> None:
+    """The dashboard as carol (a gpupool admin through the gpupool-admin role, not a JupyterHub
+    admin): everything, and a "used" line drawn from NVML readings."""
+    import os
+
+    from test_browser import ARGS, ARTIFACTS, CHROMIUM
+    from test_dashboard import open_dashboard
+
+    if not os.path.exists(CHROMIUM):
+        return  # the browser part is skipped without Chromium (test_dashboard says so)
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = open_dashboard(browser, hub, "carol")
+            assert "carol (admin: everything)" in page.inner_text("header")
+            assert workspace in page.inner_text("#running") and "alice" in page.inner_text("#usage-user")
+            used = page.evaluate("() => Chart.getChart(document.getElementById('timeline-chart')).data.datasets[1].data")
+            assert used[-1] is not None and used[-1] > 0, used[-3:]
+            page.screenshot(path=str(ARTIFACTS / "dashboard-nvml.png"))
+        finally:
+            browser.close()
