@@ -83,8 +83,9 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
         view = {"id": pid, "user": r.user, "queue": r.queue, "kind": r.kind, "gpus": r.gpus, "status": r.status,
                 "name": r.name if r.type == D.JOB else f"{r.user}/{r.server}"}
         if r.status == D.QUEUED and r.allocation is None:
-            view.update(wait=round(now - r.submitted_at), reason=st.pending.get(pid, r.reason),
-                        position=st.positions.get(pid))
+            why = st.pending.get(pid)  # the scheduler's Pending: str() is its sentence
+            view.update(wait=round(now - r.submitted_at), reason=str(why) if why is not None else r.reason,
+                        code=getattr(getattr(why, "code", None), "value", None), position=st.positions.get(pid))
             pending.append(view)
         elif r.allocation is not None:
             view.update(since=iso(r.started_at), where=allocation_view(r.allocation), reason=r.reason)

@@ -3,6 +3,7 @@ client hub: JupyterHub OAuth, admins see everything, users their own work and th
 drawn by the vendored Chart.js; CSV download. Screenshots: test-artifacts/dashboard-*.png."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -34,59 +35,75 @@ def workloads(hub):
     hub.wait_for(lambda: not hub.api("GET", f"jobs/{ids[0]}", tok).json()["allocation"], 30)
 
 
-def open_dashboard(browser, hub, user: str):
+@contextlib.contextmanager
+def chromium():
+    """Headless Debian Chromium through Playwright (skips the test when it is not installed)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (run `make browser-deps` or apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def login(browser, hub, user: str):
+    """A new page logged in to the hub as ``user`` (the dummy authenticator), at 1280x800."""
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.goto(hub.hub_url + "hub/login")
     page.fill("input[name=username]", user)
     page.fill("input[name=password]", "x")
     page.click("#login_submit")
+    return page
+
+
+def open_dashboard(browser, hub, user: str):
+    page = login(browser, hub, user)
     page.goto(hub.hub_url + "services/gpupool/")  # JupyterHub OAuth, then the page
     try:
         page.wait_for_selector("#queues-chart", timeout=30_000)
     except Exception:
-        raise AssertionError(f"{user}: no dashboard at {page.url}:\n{page.content()[:3000]}") from None
+        raise AssertionError(f"{user}: no dashboard at {page.url}:\n{page.content()[:3000]}\n"
+                             f"{hub.service_log()[-3000:]}") from None
     page.wait_for_function("() => ['queues-chart', 'timeline-chart'].every("
                            "id => Chart.getChart(document.getElementById(id)) !== undefined)", timeout=10_000)
     return page
 
 
 def test_dashboard_admin_sees_everything_users_their_own(hub, workloads):
-    from playwright.sync_api import sync_playwright
-
     running, waiting = workloads
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = open_dashboard(browser, hub, "admin")
-            assert "admin (admin: everything)" in page.inner_text("header")
-            bars = page.evaluate("() => Chart.getChart(document.getElementById('queues-chart')).data")
-            assert bars["labels"] == ["vision", "nlp"]
-            assert [d["label"] for d in bars["datasets"]] == ["deserved", "fair share", "allocated"]
-            assert bars["datasets"][0]["data"] == [2, 1] and bars["datasets"][2]["data"][0] >= 2
-            line = page.evaluate("() => Chart.getChart(document.getElementById('timeline-chart')).data.datasets")
-            assert 0 < line[0]["data"][-1] <= 2.0001  # alice's two GPUs in the current half hour
-            assert all(v is None for v in line[1]["data"])  # declared GPUs: no NVML readings, nothing invented
-            pending = page.inner_text("#pending")
-            assert waiting in pending and "alice" in pending and "waiting" in pending
-            assert running in page.inner_text("#running")
-            assert "alice" in page.inner_text("#usage-user")
-            page.screenshot(path=str(ARTIFACTS / "dashboard-admin.png"))
-            csv = page.request.get(hub.hub_url + "services/gpupool/usage.csv?by=queue")
-            assert csv.status == 200 and csv.headers["content-type"].startswith("text/csv")
-            assert csv.text().startswith("queue,allocated_gpu_hours,used_gpu_hours") and "\nvision," in csv.text()
+    with chromium() as browser:
+        page = open_dashboard(browser, hub, "admin")
+        assert "admin (admin: everything)" in page.inner_text("header")
+        bars = page.evaluate("() => Chart.getChart(document.getElementById('queues-chart')).data")
+        assert bars["labels"] == ["vision", "nlp"]
+        assert [d["label"] for d in bars["datasets"]] == ["deserved", "fair share", "allocated"]
+        assert bars["datasets"][0]["data"] == [2, 1] and bars["datasets"][2]["data"][0] >= 2
+        line = page.evaluate("() => Chart.getChart(document.getElementById('timeline-chart')).data.datasets")
+        assert 0 < line[0]["data"][-1] <= 2.0001  # alice's two GPUs in the current half hour
+        assert all(v is None for v in line[1]["data"])  # declared GPUs: no NVML readings, nothing invented
+        pending = page.inner_text("#pending")
+        assert waiting in pending and "alice" in pending and "waiting" in pending
+        assert running in page.inner_text("#running")
+        assert "alice" in page.inner_text("#usage-user")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-admin.png"))
+        csv = page.request.get(hub.hub_url + "services/gpupool/usage.csv?by=queue")
+        assert csv.status == 200 and csv.headers["content-type"].startswith("text/csv")
+        assert csv.text().startswith("queue,allocated_gpu_hours,used_gpu_hours") and "\nvision," in csv.text()
 
-            bob = open_dashboard(browser, hub, "bob")
-            assert "bob (your work and the queues)" in bob.inner_text("header")
-            assert running not in bob.inner_text("#running") and waiting not in bob.inner_text("#pending")
-            assert "alice" not in bob.inner_text("#usage-user")
-            labels = bob.evaluate("() => Chart.getChart(document.getElementById('queues-chart')).data.labels")
-            assert labels == ["vision", "nlp"]  # the queues are everyone's
-            bob.screenshot(path=str(ARTIFACTS / "dashboard-user.png"))
-            csv = bob.request.get(hub.hub_url + "services/gpupool/usage.csv?by=user")
-            assert "alice" not in csv.text()
-        finally:
-            browser.close()
+        bob = open_dashboard(browser, hub, "bob")
+        assert "bob (your work and the queues)" in bob.inner_text("header")
+        assert running not in bob.inner_text("#running") and waiting not in bob.inner_text("#pending")
+        assert "alice" not in bob.inner_text("#usage-user")
+        labels = bob.evaluate("() => Chart.getChart(document.getElementById('queues-chart')).data.labels")
+        assert labels == ["vision", "nlp"]  # the queues are everyone's
+        bob.screenshot(path=str(ARTIFACTS / "dashboard-user.png"))
+        csv = bob.request.get(hub.hub_url + "services/gpupool/usage.csv?by=user")
+        assert "alice" not in csv.text()
     # API clients asking the service's root still get JSON
     r = hub.session.get(hub.service_url, headers={"Authorization": f"token {hub.token('alice')}"})
     assert r.json()["api"] == "api/v1/"

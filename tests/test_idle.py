@@ -3,7 +3,6 @@ a test sets through the pynvml stand-in, then resumed with the same options, on 
 the GPU-aware spawner."""
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 
@@ -57,31 +56,18 @@ def test_rules_are_inherited_and_a_child_may_only_tighten():
 
 def resume_from_home_page(hub, user: str, reason: str) -> None:
     """Log in as ``user`` in headless Chromium, check the home page's notice, click Resume."""
-    from test_browser import ARGS, ARTIFACTS, CHROMIUM
+    from test_dashboard import ARTIFACTS, chromium, login
 
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (run `make browser-deps` or apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(hub.hub_url + "hub/login")
-            page.fill("input[name=username]", user)
-            page.fill("input[name=password]", "x")
-            page.click("#login_submit")
-            page.goto(hub.hub_url + "hub/home")
-            notice = page.locator(".gpupool-suspended")
-            notice.wait_for(timeout=10_000)
-            text = notice.inner_text()
-            assert "Your server was suspended at" in text and reason in text, text
-            page.screenshot(path=str(ARTIFACTS / "idle-suspended-home.png"))
-            page.click(".gpupool-resume")
-            page.wait_for_url("**/user/" + user + "/**", timeout=60_000)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = login(browser, hub, user)
+        page.goto(hub.hub_url + "hub/home")
+        notice = page.locator(".gpupool-suspended")
+        notice.wait_for(timeout=10_000)
+        text = notice.inner_text()
+        assert "Your server was suspended at" in text and reason in text, text
+        page.screenshot(path=str(ARTIFACTS / "idle-suspended-home.png"))
+        page.click(".gpupool-resume")
+        page.wait_for_url("**/user/" + user + "/**", timeout=60_000)
 
 
 @pytest.fixture(scope="module")

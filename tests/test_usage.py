@@ -337,22 +337,15 @@ def dashboard_with_readings(hub, workspace: str) -> None:
     admin): everything, and a "used" line drawn from NVML readings."""
     import os
 
-    from test_browser import ARGS, ARTIFACTS, CHROMIUM
-    from test_dashboard import open_dashboard
+    from test_browser import CHROMIUM
+    from test_dashboard import ARTIFACTS, chromium, open_dashboard
 
     if not os.path.exists(CHROMIUM):
         return  # the browser part is skipped without Chromium (test_dashboard says so)
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            page = open_dashboard(browser, hub, "carol")
-            assert "carol (admin: everything)" in page.inner_text("header")
-            assert workspace in page.inner_text("#running") and "alice" in page.inner_text("#usage-user")
-            used = page.evaluate("() => Chart.getChart(document.getElementById('timeline-chart')).data.datasets[1].data")
-            assert used[-1] is not None and used[-1] > 0, used[-3:]
-            page.screenshot(path=str(ARTIFACTS / "dashboard-nvml.png"))
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = open_dashboard(browser, hub, "carol")
+        assert "carol (admin: everything)" in page.inner_text("header")
+        assert workspace in page.inner_text("#running") and "alice" in page.inner_text("#usage-user")
+        used = page.evaluate("() => Chart.getChart(document.getElementById('timeline-chart')).data.datasets[1].data")
+        assert used[-1] is not None and used[-1] > 0, used[-3:]
+        page.screenshot(path=str(ARTIFACTS / "dashboard-nvml.png"))
