@@ -52,11 +52,14 @@ def chromium():
 
 
 def login(browser, hub, user: str):
-    """A new page logged in to the hub as ``user`` (the dummy authenticator), at 1280x800."""
+    """A new page logged in to the hub as ``user`` (the dummy authenticator; the shared hub sets
+    its password, conftest.PASSWORD), at 1280x800."""
+    from conftest import PASSWORD
+
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.goto(hub.hub_url + "hub/login")
     page.fill("input[name=username]", user)
-    page.fill("input[name=password]", "x")
+    page.fill("input[name=password]", PASSWORD)
     page.click("#login_submit")
     return page
 
