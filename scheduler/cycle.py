@@ -355,14 +355,15 @@ class Cycle:
             self.reservations[w.id] = r
 
     def _unentitled(self, w: Workload) -> str:
-        """Why a reclaimer is no longer entitled to what it reserved (empty: it still is)."""
+        """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): its
+        queue would end above both its deserved quota and its fair share, the rule reclaim
+        admitted it by (departments are weighed by the reclaim budget, where queues split)."""
         amt = self.amounts[w.id][0]
-        for x in self.tree.path(w.queue):
-            held = self.effective(x)[0] + self.reserved[x] + amt
-            bound = max(self.tree.queues[x].deserved.get("gpu", 0.0), self.fair[x].get("gpu", 0.0))
-            if held > bound + EPS:
-                return (f"queue {x} would hold {held:g} GPUs with it, above its deserved quota and fair "
-                        f"share ({bound:g})")
+        q = w.queue
+        held = self.effective(q)[0] + self.reserved[q] + amt
+        bound = max(self.tree.queues[q].deserved.get("gpu", 0.0), self.fair[q].get("gpu", 0.0))
+        if held > bound + EPS:
+            return f"queue {q} would hold {held:g} GPUs with it, above its deserved quota and fair share ({bound:g})"
         return ""
 
     def _hold(self, w: Workload, r: Reservation) -> str:

@@ -55,6 +55,7 @@ import math
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -425,3 +426,11 @@ def test_regress_lower_priorities_wait_only_for_a_preemption_that_can_happen():
     late, report = liveness_failures(scenario_data("regress_behind_without_preemption"), 0)
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 8): idle GPUs are lent to a borrower in the cycle an entitled "
+                   "gang fails to fit them, and the gang's reclaim evicts the borrower again in the next cycle")
+def test_regress_idle_gpus_lent_between_two_reclaims():
+    report = simulate(parse_scenario(scenario_data("regress_lend_between_reclaims")), seed=2)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)
