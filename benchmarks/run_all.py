@@ -10,7 +10,9 @@ configuration of each in turn and stops at the first that fails:
 * api_throughput.py: job submissions per second accepted and persisted (goal >= 500/s);
 * spawn_admission.py: admission overhead the GPU-aware spawner adds (goal <= 100 ms);
 * usage_report.py: a month's consumption report over 20,000 ledger records and 276,480
-  utilisation rows (docs/admin.md).
+  utilisation rows (docs/admin.md);
+* api_fuzz.py: 10,000 schemathesis requests from the OpenAPI document (goal: no 5xx, every answer
+  as documented).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ RUNS = [
     ("api_throughput.py", []),
     ("spawn_admission.py", []),
     ("usage_report.py", []),
+    ("api_fuzz.py", []),
 ]
 
 

@@ -10,15 +10,12 @@ from typing import Any
 from sqlalchemy import select
 from tornado import web
 
+from .. import contract as C
 from ..backends.base import worker_file
 from ..scheduler.spec import SpecError
 from . import db as D
+from . import schemas as S
 from .auth import AuthError, Identity
-
-JOB_FIELDS = ("notebook", "notebook_content", "parameters", "gpus", "gpu_memory", "cpu", "memory", "queue", "kind",
-              "priority", "preemptible", "checkpoint_on_signal", "name", "sweep", "script", "args", "command", "pods")
-JOB_KINDS = ("train", "hpo-trial", "inference")
-WORKSPACE_FIELDS = ("server", "gpus", "gpu_memory", "cpu", "memory", "queue", "preemptible", "priority", "name")
 
 
 class APIError(Exception):
@@ -31,11 +28,6 @@ def iso(t: float | None) -> str | None:
     if t is None:
         return None
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def allocation_view(allocation: list[dict] | None) -> list[dict]:
-    return [{"node": p["node"], "gpus": list(p.get("gpus", [])), "fraction": p.get("fraction", 1.0)}
-            for p in (allocation or [])]
 
 
 class BaseHandler(web.RequestHandler):
@@ -61,14 +53,13 @@ class BaseHandler(web.RequestHandler):
                 raise APIError(e.status, e.message) from None
 
     def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, S.Invalid):
+            e = APIError(400, e.message, e.field)
         if isinstance(e, APIError):
             if not self._finished:
                 self.set_status(e.status)
-                body = {"status": e.status, "message": e.message}
-                if e.field:
-                    body["field"] = e.field
                 self.set_header("Content-Type", "application/json")
-                self.finish(json.dumps(body))
+                self.finish(json.dumps(C.error_payload(e.status, e.message, e.field)))
             return
         super()._handle_request_exception(e)
 
@@ -80,22 +71,32 @@ class BaseHandler(web.RequestHandler):
         elif status_code >= 500:
             message = "internal error in the gpupool service (see its log)"
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status_code, "message": message}))
+        self.finish(json.dumps(C.error_payload(status_code, message)))
 
     def send(self, obj: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(obj))
 
-    def body(self) -> dict:
-        if not self.request.body:
-            return {}
-        try:
-            data = json.loads(self.request.body)
-        except ValueError as e:
-            raise APIError(400, f"body: not valid JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise APIError(400, "body: must be a JSON object")
-        return data
+    def body(self, model: type[S.BaseModel] | None = None) -> Any:
+        """The JSON body as ``model`` (a 400 naming the field when it is not one). Without a model:
+        the JSON object as a dict (give new endpoints a model in schemas.py instead)."""
+        data: Any = {}
+        if self.request.body:
+            try:
+                data = json.loads(self.request.body)
+            except (ValueError, RecursionError) as e:
+                raise APIError(400, f"body: not valid JSON ({e})", "body") from None
+            _check_text(data)
+        if model is None:
+            if not isinstance(data, dict):
+                raise APIError(400, "body: must be a JSON object", "body")
+            return data
+        return S.parse(model, data)
+
+    def query(self, model: type[S.BaseModel]) -> Any:
+        """The query arguments as ``model`` (the last value of a repeated argument)."""
+        args = {k: self.get_argument(k) for k in self.request.query_arguments}
+        return S.parse(model, args)
 
     def require_admin(self) -> None:
         if not (self.ident and self.ident.admin):
@@ -107,18 +108,15 @@ class BaseHandler(web.RequestHandler):
 
     def rank(self, row: D.Workload) -> int:
         """The ``rank`` query argument (a worker of a distributed job; default 0)."""
-        text = self.get_argument("rank", "0")
+        rank = self.query(S.RankQuery).rank
         pods = int(row.pods or 1)
-        try:
-            rank = int(text)
-            assert 0 <= rank < pods
-        except (ValueError, AssertionError):
+        if rank >= pods:
             raise APIError(400, f"rank: must be a worker's rank, 0 to {pods - 1} ({row.public_id} has {pods} "
-                                f"worker{'s' if pods != 1 else ''})", "rank") from None
+                                f"worker{'s' if pods != 1 else ''})", "rank")
         return rank
 
     def load_job(self, s: Any, job_id: str) -> D.Workload:
-        parsed = D.parse_public_id(job_id)
+        parsed = C.parse_public_id(job_id)
         row = s.get(D.Workload, parsed[1]) if parsed and parsed[0] == D.JOB else None
         if row is None or row.type != D.JOB:
             raise APIError(404, f"no job {job_id!r}")
@@ -127,27 +125,44 @@ class BaseHandler(web.RequestHandler):
         return row
 
 
+def _text_ok(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_text(data: Any) -> None:
+    """JSON may escape a lone surrogate (``"\\ud800"``), which no database stores as text: a 400."""
+    if _text_ok(data):
+        return
+    field = next((str(k) for k, v in data.items() if not (_text_ok(k) and _text_ok(v))), "body") \
+        if isinstance(data, dict) else "body"
+    raise APIError(400, f"{field}: must be valid Unicode text (a lone surrogate such as \\ud800 is not)", field)
+
+
 # ---------------------------------------------------------------------------------- views
 
 def job_view(svc: Any, row: D.Workload, metrics: dict | None = None) -> dict:
     st = svc.loop.state
     pid = row.public_id
     queued = row.status == D.QUEUED
-    reason = row.reason
-    if queued and pid in st.pending:
-        reason = str(st.pending[pid])
+    why = st.pending.get(pid) if queued else None
+    reason = str(why) if why is not None else row.reason
     ckpt = None
     if row.checkpoint_path or row.last_checkpoint_at:
         ckpt = {"latest": row.checkpoint_path, "at": iso(row.last_checkpoint_at)}
     return {
         "id": pid, "name": row.name, "user": row.user, "queue": row.queue, "kind": row.kind,
-        "status": row.status, "reason": reason, "position": st.positions.get(pid) if queued else None,
+        "status": row.status, "reason": reason, "reason_code": C.reason_code(why),
+        "position": st.positions.get(pid) if queued else None,
         "gpus": row.gpus, "gpu_memory": row.gpu_memory or None, "cpu": row.cpu, "memory": row.memory,
         "priority": row.priority, "preemptible": row.preemptible, "checkpoint_on_signal": row.checkpoint_on_signal,
         "notebook": row.notebook, "parameters": row.parameters or {}, "sweep": row.sweep,
         "submitted_at": iso(row.submitted_at), "started_at": iso(row.started_at), "finished_at": iso(row.finished_at),
         "preemptions": row.preemptions, "restarts": row.restarts, "attempts": row.attempt,
-        "allocation": allocation_view(row.allocation), "exit_code": row.exit_code,
+        "allocation": C.allocation_to_api(row.allocation), "exit_code": row.exit_code,
         "metrics": metrics if metrics is not None else {}, "checkpoint": ckpt,
         "script": row.script, "args": row.args, "command": row.command, "pods": int(row.pods or 1),
         "workers": workers_view(row),
@@ -170,12 +185,14 @@ def workspace_view(svc: Any, row: D.Workload, env: bool = True) -> dict:
     st = svc.loop.state
     pid = row.public_id
     queued = row.status == D.QUEUED
-    reason = str(st.pending[pid]) if queued and pid in st.pending else row.reason
+    why = st.pending.get(pid) if queued else None
+    reason = str(why) if why is not None else row.reason
     out = {"id": pid, "user": row.user, "server": row.server, "status": row.status, "queue": row.queue,
            "gpus": row.gpus, "gpu_memory": row.gpu_memory or None, "cpu": row.cpu, "memory": row.memory,
            "preemptible": row.preemptible, "priority": row.priority, "reason": reason,
+           "reason_code": C.reason_code(why),
            "position": st.positions.get(pid) if queued else None,
-           "allocation": allocation_view(row.allocation),
+           "allocation": C.allocation_to_api(row.allocation),
            "submitted_at": iso(row.submitted_at), "started_at": iso(row.started_at),
            "last_activity": getattr(svc, "server_activity", {}).get((row.user, row.server))}
     if env:
@@ -204,6 +221,17 @@ class HealthHandler(BaseHandler):
         self.send({"ok": True, "cycles": self.svc.loop.state.cycles})
 
 
+class OpenAPIHandler(BaseHandler):
+    """The OpenAPI 3.1 description of this API; no token needed (it holds no data, only shapes)."""
+
+    auth_required = False
+
+    def get(self) -> None:
+        from .openapi import document
+
+        self.send(document(self.settings["gpupool_api_path"], tuple(self.svc.leaves)))
+
+
 class MetricsHandler(BaseHandler):
     @property
     def auth_required(self) -> bool:  # type: ignore[override]
@@ -219,6 +247,7 @@ class MetricsHandler(BaseHandler):
 class QueuesHandler(BaseHandler):
     def get(self) -> None:
         self.require_user_token()
+        self.query(S.QueuesQuery)  # ?user= (the spawner's) is checked and ignored: may_submit is the caller's
         svc = self.svc
         st = svc.loop.state
         out = []
@@ -275,45 +304,35 @@ class JobsHandler(BaseHandler):
     def get(self) -> None:
         self.require_user_token()
         ident = self.ident
+        args = self.query(S.JobListQuery)
         q = select(D.Workload).where(D.Workload.type == D.JOB)
-        user = self.get_argument("user", None)
+        user = args.user
         if user and not ident.admin and user != ident.name:
-            raise APIError(403, "you may only list your own jobs", "user")
+            raise APIError(403, "user: you may only list your own jobs", "user")
         if not ident.admin:
             user = ident.name
         if user:
             q = q.where(D.Workload.user == user)
-        status = self.get_argument("status", None)
-        if status:
-            wanted = [x.strip() for x in status.split(",") if x.strip()]
-            bad = [x for x in wanted if x not in D.STATUSES]
-            if bad:
-                raise APIError(400, f"status: unknown status {bad[0]!r} (use {', '.join(D.STATUSES)})", "status")
-            q = q.where(D.Workload.status.in_(wanted))
+        if args.statuses():
+            q = q.where(D.Workload.status.in_(args.statuses()))
         for arg in ("sweep", "queue", "kind", "name"):
-            val = self.get_argument(arg, None)
+            val = getattr(args, arg)
             if val:
                 q = q.where(getattr(D.Workload, arg) == val)
-        limit = self.get_argument("limit", None)
         q = q.order_by(D.Workload.id)
-        if limit:
-            try:
-                n = int(limit)
-                assert n > 0
-            except (ValueError, AssertionError):
-                raise APIError(400, "limit: must be a positive integer", "limit") from None
-            q = q.order_by(None).order_by(D.Workload.id.desc()).limit(n)
+        if args.limit:
+            q = q.order_by(None).order_by(D.Workload.id.desc()).limit(args.limit)
         with self.svc.sessions() as s:
             rows = list(s.scalars(q))
-            if limit:
+            if args.limit:
                 rows.reverse()
             ms = metrics_for(s, [r.id for r in rows])
         self.send({"jobs": [job_view(self.svc, r, ms[r.id]) for r in rows]})
 
     async def post(self) -> None:
         self.require_user_token()
-        data = self.body()
-        row = await self.svc.new_job(self.ident, data)
+        request = self.body(S.JobRequest)
+        row = await self.svc.new_job(self.ident, request)
         self.svc.loop.wake()
         self.send(job_view(self.svc, row, {}), 201)
 
@@ -350,11 +369,7 @@ class JobLogHandler(BaseHandler):
         svc = self.svc
         with svc.sessions() as s:
             row = self.load_job(s, job_id)
-        try:
-            offset = int(self.get_argument("offset", "0"))
-            assert offset >= 0
-        except (ValueError, AssertionError):
-            raise APIError(400, "offset: must be a non-negative integer", "offset") from None
+        offset = self.query(S.LogQuery).offset
         rank = self.rank(row)
         path = worker_file(os.path.join(svc.settings.pool.job_root, row.public_id, "log.txt"), rank)
         data = b""
@@ -393,25 +408,13 @@ class JobOutputHandler(BaseHandler):
 
 class JobMetricsHandler(BaseHandler):
     def post(self, job_id: str) -> None:
-        data = self.body()
-        name = data.get("name")
-        if not isinstance(name, str) or not name.strip() or len(name) > 255:
-            raise APIError(400, "name: is required (a metric name)", "name")
-        value = data.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise APIError(400, "value: must be a number", "value")
-        step = data.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise APIError(400, "step: must be an integer", "step")
-        for key in data:
-            if key not in ("name", "value", "step"):
-                raise APIError(400, f"{key}: unknown field (allowed: name, step, value)", key)
         with self.svc.sessions() as s:
-            row = self.load_job(s, job_id)
-            m = D.Metric(workload_id=row.id, name=name, step=step, value=float(value), t=time.time())
+            row = self.load_job(s, job_id)  # an unknown job is a 404 whatever the body
+            metric = self.body(S.MetricRequest)
+            m = D.Metric(workload_id=row.id, name=metric.name, step=metric.step, value=metric.value, t=time.time())
             s.add(m)
             s.commit()
-        self.send({"job": row.public_id, "name": name, "step": step, "value": float(value), "t": iso(m.t)}, 201)
+        self.send({"job": row.public_id, "name": m.name, "step": m.step, "value": m.value, "t": iso(m.t)}, 201)
 
 
 class WorkspacesHandler(BaseHandler):
@@ -442,12 +445,10 @@ class WorkspaceHandler(BaseHandler):
 
     async def post(self, user: str, server: str | None = None) -> None:
         self.require_admin()
-        data = self.body()
+        request = self.body(S.WorkspaceRequest)
         if server is None:
-            server = data.get("server", "") or ""
-        if not isinstance(server, str):
-            raise APIError(400, "server: must be a string", "server")
-        row, created = await self.svc.request_workspace(user, server, data)
+            server = request.server or ""
+        row, created = await self.svc.request_workspace(user, server, request)
         self.svc.loop.wake()
         self.send(workspace_view(self.svc, row), 201 if created else 200)
 
@@ -462,7 +463,7 @@ class WorkspaceHandler(BaseHandler):
             s.delete(row)  # frees its GPUs at once: the server is gone
             s.commit()
         svc.loop.wake()
-        view.update(status="stopped", allocation=[], env={}, reason="stopped: its GPUs are free")
+        view.update(status=C.STOPPED, allocation=[], env={}, reason="stopped: its GPUs are free", reason_code=None)
         self.send(view)
 
 
@@ -484,6 +485,7 @@ def routes(prefix: str) -> list[tuple]:
     api = prefix.rstrip("/") + "/api/v1"
     return [
         (rf"{api}/health/?", HealthHandler),
+        (rf"{api}/openapi.json", OpenAPIHandler),
         (rf"{api}/metrics/?", MetricsHandler),
         (rf"{api}/queues/?", QueuesHandler),
         (rf"{api}/nodes/?", NodesHandler),
@@ -505,4 +507,4 @@ def spec_error(e: SpecError) -> APIError:
     return APIError(400, f"{field}: {e.message}", field)
 
 
-__all__ = ["routes", "APIError", "JOB_FIELDS", "JOB_KINDS", "WORKSPACE_FIELDS", "spec_error"]
+__all__ = ["routes", "APIError", "spec_error"]

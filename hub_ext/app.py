@@ -27,9 +27,11 @@ from urllib.parse import urlparse
 from sqlalchemy import insert, select
 from tornado import web
 
+from .. import contract as C
 from ..scheduler.spec import SpecError, parse_workload
 from . import db as D
-from .api import JOB_FIELDS, JOB_KINDS, WORKSPACE_FIELDS, APIError, routes, spec_error
+from . import schemas as S
+from .api import APIError, routes, spec_error
 from .auth import Authenticator, Identity
 from .config import GPUPoolConfigError, Settings, from_json
 from .gpus import check_gpus
@@ -57,7 +59,10 @@ def make_backend(name: str, settings: Settings) -> Any:
 
 class BatchInserter:
     """Group commit for submissions: the inserts of requests that arrive within a millisecond share
-    one transaction (one SQLite commit), and each request gets its id once that commit is done."""
+    one transaction (one SQLite commit), and each request gets its id once that commit is done.
+
+    Requests are validated fully before they get here. Should the database still refuse a batch,
+    its rows are inserted one by one, so that only the request at fault fails (with its own answer)."""
 
     def __init__(self, engine: Any, delay: float = 0.001):
         self.engine = engine
@@ -73,17 +78,28 @@ class BatchInserter:
             loop.call_later(self.delay, self._flush)
         return fut
 
+    def _insert(self, rows: list[dict]) -> list[int]:
+        with self.engine.begin() as conn:
+            stmt = insert(self.table).returning(self.table.c.id, sort_by_parameter_order=True)
+            return [r[0] for r in conn.execute(stmt, rows)]
+
     def _flush(self) -> None:
         batch, self.pending = self.pending, []
         try:
-            with self.engine.begin() as conn:
-                stmt = insert(self.table).returning(self.table.c.id, sort_by_parameter_order=True)
-                ids = [r[0] for r in conn.execute(stmt, [v for v, _ in batch])]
-        except Exception as e:  # nothing of the batch was committed
-            log.exception("could not store %d submissions", len(batch))
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(APIError(503, f"the gpupool database refused the job: {e}"))
+            ids = self._insert([v for v, _ in batch])
+        except Exception:  # nothing of the batch was committed: one by one, each gets its own answer
+            if len(batch) > 1:
+                log.warning("a batch of %d submissions was refused; storing them one by one", len(batch))
+            for values, fut in batch:
+                try:
+                    (new_id,) = self._insert([values])
+                except Exception as e:
+                    log.exception("could not store a submission of %s", values.get("user"))
+                    if not fut.done():
+                        fut.set_exception(APIError(503, f"the gpupool database refused the job: {type(e).__name__}"))
+                else:
+                    if not fut.done():
+                        fut.set_result(new_id)
             return
         for (_, fut), new_id in zip(batch, ids):
             if not fut.done():
@@ -135,16 +151,13 @@ class Service:
             return pref
         return next((q for q in self.leaves if self.may_use(ident, q)), None)
 
-    def _queue(self, ident: Identity, data: dict) -> str:
-        queue = data.get("queue")
+    def _queue(self, ident: Identity, queue: str | None) -> str:
         if queue is None or queue == "":
             queue = self.default_queue(ident)
             if queue is None:
                 raise APIError(403, f"{ident.name} may not use any queue; ask an admin to add you to one in "
                                     "c.GPUPool.queues", "queue")
             return queue
-        if not isinstance(queue, str):
-            raise APIError(400, "queue: must be a queue name", "queue")
         if queue not in self.queue_map:
             raise APIError(400, f"queue: unknown queue {queue!r} (queues: {', '.join(self.leaves)})", "queue")
         if queue not in self.leaves:
@@ -154,11 +167,13 @@ class Service:
             raise APIError(403, f"queue: {ident.name} may not submit to queue {queue!r}", "queue")
         return queue
 
-    def _resources(self, data: dict, queue: str, kind: str, user: str) -> Any:
+    def _resources(self, request: S.Resources, queue: str, kind: str, user: str, **overrides: Any) -> Any:
+        """The scheduler's rules for a request (fractions, whole GPUs, what the nodes can hold)."""
         entry: dict[str, Any] = {"name": "request", "queue": queue, "kind": kind, "user": user}
         for key in ("gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible", "checkpoint_on_signal", "pods"):
-            if key in data and data[key] is not None:
-                entry[key] = data[key]
+            value = overrides.get(key, getattr(request, key, None))
+            if value is not None:
+                entry[key] = value
         if "gpus" in entry:  # the one GPU rule (hub_ext/gpus.py), shared with the spawn page
             try:
                 entry["gpus"] = check_gpus(entry["gpus"])
@@ -178,36 +193,25 @@ class Service:
             if self.max_gpus == 0:
                 raise APIError(400, "gpu_memory: the pool has no GPUs", "gpu_memory")
             if self.max_gpu_memory and w.gpu_memory > self.max_gpu_memory:
-                from ..scheduler.units import format_bytes
-
-                raise APIError(400, f"gpu_memory: no GPU has {format_bytes(w.gpu_memory)} "
-                                    f"(the largest has {format_bytes(self.max_gpu_memory)})", "gpu_memory")
+                raise APIError(400, f"gpu_memory: no GPU has {C.format_bytes(w.gpu_memory)} "
+                                    f"(the largest has {C.format_bytes(self.max_gpu_memory)})", "gpu_memory")
         return w
 
     # ------------------------------------------------------------------ jobs
-    async def new_job(self, ident: Identity, data: dict) -> D.Workload:
-        for key in data:
-            if key not in JOB_FIELDS:
-                raise APIError(400, f"{key}: unknown field (allowed: {', '.join(JOB_FIELDS)})", key)
-        nb, content = data.get("notebook"), data.get("notebook_content")
-        prog = program(data, lambda: self.loop.workdir(ident.name))
+    async def new_job(self, ident: Identity, request: S.JobRequest | dict) -> D.Workload:
+        """Check what depends on the pool (queues, nodes, the user's files), then store the job.
+        ``request``: the validated body, or a dict (validated here)."""
+        request = _typed(S.JobRequest, request)
+        nb, content = request.notebook, request.notebook_content
+        prog = program(request.model_dump(), lambda: self.loop.workdir(ident.name))
         if prog is None and (nb is None) == (content is None):
             raise APIError(400, "notebook: give exactly one of notebook (a path), notebook_content, script and "
                                 "command", "notebook")
-        kind = data.get("kind", "train")
-        if kind not in JOB_KINDS:
-            raise APIError(400, f"kind: must be one of {', '.join(JOB_KINDS)} (workspaces are interactive)", "kind")
-        queue = self._queue(ident, data)
-        w = self._resources(data, queue, kind, ident.name)
+        kind = request.kind or C.DEFAULT_JOB_KIND
+        queue = self._queue(ident, request.queue)
+        w = self._resources(request, queue, kind, ident.name)
         check_pods(w, self.settings.pool.max_pods, self.settings.nodes)
-        params = data.get("parameters", {})
-        if params is None:
-            params = {}
-        if not isinstance(params, dict):
-            raise APIError(400, "parameters: must be an object of papermill parameters", "parameters")
-        sweep = data.get("sweep")
-        if sweep is not None and (not isinstance(sweep, str) or len(sweep) > 255):
-            raise APIError(400, "sweep: must be a string (a sweep id)", "sweep")
+        params = request.parameters or {}
         source: str | None = None
         self._workdir(ident.name)  # missing: created now (jobs run as the service's user) or refused now
         if prog is not None:
@@ -224,20 +228,14 @@ class Service:
         else:
             _check_notebook(content, "notebook_content")
             name_default = "notebook"
-        name = data.get("name") or name_default
-        if not isinstance(name, str) or len(name) > 255:
-            raise APIError(400, "name: must be a string of at most 255 characters", "name")
-        try:
-            params_json = json.loads(json.dumps(params))
-        except (TypeError, ValueError):
-            raise APIError(400, "parameters: must be JSON values", "parameters") from None
+        name = (request.name or name_default)[:C.MAX_NAME]
         values = dict(type=D.JOB, user=ident.name, server="", name=name, queue=queue, kind=kind,
                       gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority,
                       preemptible=w.preemptible, checkpoint_on_signal=w.checkpoint_on_signal,
-                      notebook=nb, parameters=params_json, pods=w.pods,
+                      notebook=nb, parameters=params, pods=w.pods,
                       source=None if prog else json.dumps(doc if source is not None else content),
                       script=prog and prog.script, args=prog and prog.args, command=prog and prog.command,
-                      sweep=sweep, status=D.QUEUED, reason="submitted; waiting for the scheduler's next cycle",
+                      sweep=request.sweep, status=D.QUEUED, reason="submitted; waiting for the scheduler's next cycle",
                       submitted_at=time.time(), preemptions=0, restarts=0, attempt=0)
         new_id = await self.inserter.insert(values)  # committed before the 201
         self.metrics.submitted.inc()
@@ -269,17 +267,16 @@ class Service:
         return workdir
 
     # ------------------------------------------------------------------ workspaces
-    async def request_workspace(self, user: str, server: str, data: dict) -> tuple[D.Workload, bool]:
-        for key in data:
-            if key not in WORKSPACE_FIELDS:
-                raise APIError(400, f"{key}: unknown field (allowed: {', '.join(WORKSPACE_FIELDS)})", key)
+    async def request_workspace(self, user: str, server: str,
+                                request: S.WorkspaceRequest | dict) -> tuple[D.Workload, bool]:
+        request = _typed(S.WorkspaceRequest, request)
         groups, admin = await self.auth.user_info(user)
         owner = Identity(name=user, groups=groups, admin=admin)
-        queue = self._queue(owner, data)
-        fields = dict(data)
-        if fields.get("preemptible") is None:
-            fields["preemptible"] = self.settings.pool.workspace_preemptible_default
-        w = self._resources(fields, queue, "interactive", user)
+        queue = self._queue(owner, request.queue)
+        preemptible = request.preemptible
+        if preemptible is None:
+            preemptible = self.settings.pool.workspace_preemptible_default
+        w = self._resources(request, queue, C.INTERACTIVE, user, preemptible=preemptible)
         with self.sessions() as s:
             existing = s.scalars(select(D.Workload).where(D.Workload.type == D.WORKSPACE, D.Workload.user == user,
                                                           D.Workload.server == server,
@@ -290,8 +287,8 @@ class Service:
                 if same:
                     return existing, False
                 s.delete(existing)  # a different request replaces the old one
-            row = D.Workload(type=D.WORKSPACE, user=user, server=server, name=data.get("name") or server or user,
-                             queue=queue, kind="interactive", gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu,
+            row = D.Workload(type=D.WORKSPACE, user=user, server=server, name=request.name or server or user,
+                             queue=queue, kind=C.INTERACTIVE, gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu,
                              memory=w.memory, priority=w.priority, preemptible=w.preemptible,
                              checkpoint_on_signal=False, parameters={}, status=D.QUEUED,
                              reason="requested; waiting for the scheduler's next cycle", submitted_at=time.time(),
@@ -314,6 +311,15 @@ class Service:
 
 
 DEFAULT_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+def _typed(model: type[S.BaseModel], request: Any) -> Any:
+    if isinstance(request, model):
+        return request
+    try:
+        return S.parse(model, request)
+    except S.Invalid as e:
+        raise APIError(400, e.message, e.field) from None
 
 
 def _check_notebook(doc: Any, field: str) -> None:
@@ -402,7 +408,8 @@ async def serve(settings: Settings) -> int:
     checker.start()
     svc.idle = checker
     app = web.Application(usage.routes(prefix) + idle.routes(prefix) + dashboard.routes(prefix, pool.service_name)
-                          + routes(prefix), gpupool=svc, log_function=_log_request,
+                          + routes(prefix), gpupool=svc, gpupool_api_path=prefix.rstrip("/") + "/api/v1",
+                          log_function=_log_request,
                           cookie_secret=dashboard.cookie_secret())
     server = app.listen(port, address=host, xheaders=True)
     log.info("gpupool service on %s%s (%d nodes, %d GPUs, %d queues, db %s, jobs in %s)", service_url.rstrip("/"),

@@ -15,16 +15,11 @@ from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, creat
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column, sessionmaker
 
+# statuses, workload types and public ids are the API's (gpupool/contract.py)
+from ..contract import (ACTIVE, CANCELLED, ENDED, FAILED, JOB, PREEMPTING, QUEUED, RUNNING, STARTING,  # noqa: F401
+                        STATUSES, SUCCEEDED, TRAIN, WORKSPACE, parse_public_id, public_id)
+
 NullableJSON = JSON(none_as_null=True)  # Python None is SQL NULL (not the JSON text 'null')
-
-# Status values (docs/api.md)
-QUEUED, STARTING, RUNNING, PREEMPTING = "queued", "starting", "running", "preempting"
-SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
-ACTIVE = (QUEUED, STARTING, RUNNING, PREEMPTING)
-ENDED = (SUCCEEDED, FAILED, CANCELLED)
-STATUSES = ACTIVE + ENDED
-
-JOB, WORKSPACE = "job", "workspace"
 
 
 class Base(DeclarativeBase):
@@ -42,7 +37,7 @@ class Workload(Base):
     server: Mapped[str] = mapped_column(String(255), default="")  # workspace: server name
     name: Mapped[str] = mapped_column(String(255), default="")
     queue: Mapped[str] = mapped_column(String(255))
-    kind: Mapped[str] = mapped_column(String(32), default="train")
+    kind: Mapped[str] = mapped_column(String(32), default=TRAIN)
     gpus: Mapped[float] = mapped_column(Float, default=0.0)
     gpu_memory: Mapped[int] = mapped_column(Integer, default=0)
     cpu: Mapped[float] = mapped_column(Float, default=0.0)
@@ -97,17 +92,6 @@ class Metric(Base):
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     value: Mapped[float] = mapped_column(Float)
     t: Mapped[float] = mapped_column(Float)
-
-
-def public_id(type_: str, num: int) -> str:
-    return f"{'w' if type_ == WORKSPACE else 'j'}-{num:06d}"
-
-
-def parse_public_id(text: str) -> tuple[str, int] | None:
-    """``"j-000042"`` -> ``("job", 42)``; None when it is not an id."""
-    if len(text) < 3 or text[1] != "-" or text[0] not in "jw" or not text[2:].isdigit():
-        return None
-    return (JOB if text[0] == "j" else WORKSPACE), int(text[2:])
 
 
 def make_engine(url: str) -> Engine:

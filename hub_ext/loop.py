@@ -39,7 +39,7 @@ from ..scheduler import Scheduler
 from ..scheduler.model import (CycleResult, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot,
                                Workload as SWorkload)
 from ..scheduler.reasons import Pending
-from ..scheduler.units import format_bytes
+from ..contract import describe_allocation, format_bytes, format_gpus
 from . import db as D
 from . import ledger
 from .config import Settings
@@ -666,22 +666,11 @@ def _node_words(state: tuple[int, bool] | None) -> str:
     if state is None:
         return "gone"
     gpus, schedulable = state
-    return f"{gpus} GPU{'s' if gpus != 1 else ''}{'' if schedulable else ', not schedulable'}"
+    return format_gpus(gpus) + ("" if schedulable else ", not schedulable")
 
 
 def _where(allocation: list[dict] | None) -> str:
-    if not allocation:
-        return "CPU only"
-    parts = []
-    for p in allocation:
-        gpus = p.get("gpus") or []
-        if not gpus:
-            parts.append(f"{p['node']} (no GPU)")
-        elif float(p.get("fraction", 1)) < 1:
-            parts.append(f"{p['node']} GPU {gpus[0]} ({float(p['fraction']):g} of it)")
-        else:
-            parts.append(f"{p['node']} GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}")
-    return ", ".join(parts)
+    return describe_allocation(allocation) or "CPU only"
 
 
 def _latest_checkpoint(ckpt_dir: str) -> str | None:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..backends.base import PYTHON_NAMES
+from ..contract import MAX_ARGS, format_gpus
 from .api import APIError
 
 PROGRAM_FIELDS = ("script", "args", "command")
-MAX_ARGS = 1000
 
 
 @dataclass
@@ -121,10 +121,10 @@ def check_pods(w: Any, max_pods: int, nodes: list) -> None:
         each = "that much GPU memory"
     elif w.gpus < 1:
         fits = sum(n.gpus * int(1 / w.gpus + 1e-9) for n in nodes)
-        each = f"{w.gpus:g} GPU"
+        each = format_gpus(w.gpus)
     else:
         fits = sum(int(n.gpus // w.gpus) for n in nodes)
-        each = f"{w.gpus:g} GPU{'s' if w.gpus != 1 else ''}"
+        each = format_gpus(w.gpus)
     if w.pods > fits:
         total = sum(n.gpus for n in nodes)
         raise APIError(400, f"pods: {w.pods} workers with {each} each do not fit in the pool (its {total} GPUs "

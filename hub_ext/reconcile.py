@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 from sqlalchemy import select
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from ..contract import format_gpus
 from . import db as D
 from .periodic import Periodic
 
@@ -129,7 +130,7 @@ class WorkspaceReconciler(Periodic):
     def _release(self, row: D.Workload, now: float, missing_for: float) -> None:
         where = f"{row.user}/{row.server}"
         held = row.allocation is not None
-        what = f"{row.gpus:g} GPU{'s' if row.gpus != 1 else ''}" if held and row.gpus else "nothing held yet"
+        what = format_gpus(row.gpus) if held and row.gpus else "nothing held yet"
         reason = (f"released: the hub reports server {where} not running (missing for {missing_for:.0f} s; "
                   f"its stop never reached the gpupool service)")
         log.warning("released workspace %s (%s, %s, was %s): the hub reports server %s not running for %.0f s",

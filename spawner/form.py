@@ -18,12 +18,15 @@ Everything here is pure (no I/O) so the KubeSpawner subclass and the local spawn
 """
 from __future__ import annotations
 
-import html
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ..contract import format_bytes, format_gpus, format_request, parse_bytes
 from ..hub_ext.gpus import check_gpus
-from ..scheduler.units import format_bytes, parse_bytes
+from ..templating import render
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 OPTION_FIELDS = ("gpus", "gpu_memory", "queue", "preemptible")
 
@@ -52,11 +55,7 @@ class GPURequest:
         return self.gpus > 0 or self.gpu_memory > 0
 
     def describe(self) -> str:
-        if self.gpu_memory:
-            return f"{format_bytes(self.gpu_memory)} of GPU memory"
-        if self.gpus:
-            return f"{self.gpus:g} GPU" + ("s" if self.gpus > 1 else "")
-        return "no GPU"
+        return format_request(self.gpus, self.gpu_memory)
 
     def body(self, server: str = "") -> dict:
         """The JSON body of ``POST workspaces/{user}``."""
@@ -191,67 +190,29 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict:
 def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
                 gpu_memory: int = 0, gpu_model: str = "", defaults: dict | None = None,
                 note: str = "") -> str:
-    """The form body (JupyterHub wraps it in ``<form>`` with a Start button).
+    """The form body (JupyterHub wraps it in ``<form>`` with a Start button), from
+    ``templates/gpu_form.html``.
 
     ``queues``: entries of ``GET queues`` the user may submit to (``name``, ``deserved``,
     ``allocated``, ``pending``); ``defaults``: the user's last ``user_options``."""
     d = dict(defaults or {})
-    e = html.escape
-    cur_gpus = str(d.get("gpus", "0"))
-    gpu_opts = [("0", "No GPU (CPU only)")]
+    gpu_options = [("0", format_gpus(0))]
     if max_gpus > 0:
-        gpu_opts += [(f"{f:g}", f"{f:g} GPU ({_fraction_label(f)} of one, shared)") for f in fractions]
-    gpu_opts += [(str(n), f"{n} GPU" + ("s" if n > 1 else "")) for n in range(1, max_gpus + 1)]
+        gpu_options += [(f"{f:g}", f"{format_gpus(f)} ({_fraction_label(f)} of one, shared)") for f in fractions]
+    gpu_options += [(str(n), format_gpus(n)) for n in range(1, max_gpus + 1)]
     try:
-        cur = f"{float(cur_gpus):g}"
+        current_gpus = f"{float(str(d.get('gpus', '0'))):g}"
     except ValueError:
-        cur = "0"
-    options_html = "\n".join(
-        f'<option value="{e(v)}"{" selected" if v == cur else ""}>{e(label)}</option>' for v, label in gpu_opts)
+        current_gpus = "0"
+    rows = [{"name": str(q.get("name", "")), "deserved": float((q.get("deserved") or {}).get("gpu", 0)),
+             "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0)}
+            for q in queues]
+    return render(_HERE, "gpu_form.html", note=note, gpu_options=gpu_options, current_gpus=current_gpus,
+                  gpu_memory_value=str(d.get("gpu_memory") or ""), gpu_memory=gpu_memory, gpu_model=gpu_model,
+                  queues=rows, current_queue=d.get("queue") or (rows[0]["name"] if rows else ""),
+                  preemptible=d.get("preemptible") in (True, "on", "true"))
 
-    hint = ""
-    if gpu_memory:
-        hint = f"each GPU has {format_bytes(gpu_memory)}" + (f" ({e(gpu_model)})" if gpu_model else "")
-    q_rows = []
-    cur_q = d.get("queue") or (queues[0]["name"] if queues else "")
-    for q in queues:
-        name = str(q.get("name", ""))
-        deserved = (q.get("deserved") or {}).get("gpu", 0)
-        allocated = (q.get("allocated") or {}).get("gpu", 0)
-        pending = q.get("pending", 0)
-        desc = f"{name}: {allocated:g} of {deserved:g} deserved GPUs in use, {pending} waiting"
-        q_rows.append(f'<option value="{e(name)}"{" selected" if name == cur_q else ""}>{e(desc)}</option>')
-    if q_rows:
-        queue_html = (f'<select class="form-control" id="gpupool-queue" name="queue">{"".join(q_rows)}</select>')
-    else:
-        queue_html = ('<p class="text-warning" id="gpupool-queue">You may not use any GPU queue; '
-                      'you can still start a workspace without a GPU. Ask your admin for a queue.</p>')
-    checked = " checked" if d.get("preemptible") in (True, "on", "true") else ""
-    mem_value = e(str(d.get("gpu_memory") or ""))
-    note_html = f'<p class="text-muted">{e(note)}</p>' if note else ""
-    return f"""
-<div class="gpupool-options">
-  {note_html}
-  <div class="form-group mb-3">
-    <label for="gpupool-gpus">GPUs</label>
-    <select class="form-control" id="gpupool-gpus" name="gpus">
-{options_html}
-    </select>
-  </div>
-  <div class="form-group mb-3">
-    <label for="gpupool-gpu-memory">or GPU memory</label>
-    <input class="form-control" id="gpupool-gpu-memory" name="gpu_memory" value="{mem_value}"
-           placeholder="e.g. 20Gi (a share of one GPU; leave empty to use the choice above)">
-    <small class="form-text text-muted">{e(hint)}</small>
-  </div>
-  <div class="form-group mb-3">
-    <label for="gpupool-queue">Queue</label>
-    {queue_html}
-  </div>
-  <div class="form-check mb-3">
-    <input class="form-check-input" type="checkbox" id="gpupool-preemptible" name="preemptible"{checked}>
-    <label class="form-check-label" for="gpupool-preemptible">Preemptible workspace: may borrow idle GPUs
-      beyond the queue's quota, but is stopped when their owner needs them back (save your work often)</label>
-  </div>
-</div>
-"""
+
+def render_unavailable() -> str:
+    """What the form says while the service does not answer (a workspace without GPU can still start)."""
+    return render(_HERE, "unavailable.html")

@@ -35,6 +35,7 @@ from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
+from .. import contract as C
 from . import form as gpuform
 from .form import GPURequest, OptionError
 
@@ -54,6 +55,29 @@ def _spawn_error(message: str, *, reason: str, status_code: int = 400) -> SpawnE
     e = SpawnException(message, reason=reason, status_code=status_code)
     e.jupyterhub_message = message
     return e
+
+
+# What to tell a user whose start timed out in the queue, by the service's reason_code.
+_TIMEOUT_ADVICE = {
+    C.Code.LIMIT: "The queue is at its limit: wait until its other work finishes or ask your admin for more.",
+    C.Code.NON_PREEMPTIBLE: "A workspace runs within the queue's deserved GPUs: stop another of your "
+                            "workspaces, ask for a preemptible one, or ask your admin.",
+    C.Code.FRAGMENTED: "Enough GPUs are free, but not together on one node: try fewer GPUs.",
+    C.Code.NO_MATCHING_NODE: "No node matches the request: ask your admin.",
+}
+_IN_MOTION_ADVICE = "GPUs were being freed for it: please start again in a minute."
+_DEFAULT_ADVICE = "Try a smaller request or ask your admin."
+
+
+def timeout_advice(reason_code: str | None) -> str:
+    """Advice for an admission timeout, chosen by the service's ``reason_code`` (never its prose)."""
+    try:
+        code = C.Code(reason_code)
+    except ValueError:
+        return _DEFAULT_ADVICE
+    if code in C.IN_MOTION:
+        return _IN_MOTION_ADVICE
+    return _TIMEOUT_ADVICE.get(code, _DEFAULT_ADVICE)
 
 
 class GPUPoolError(Exception):
@@ -233,11 +257,8 @@ class GPUPoolSpawnerMixin(Spawner):
         except ValueError:
             data = None
         if resp.code >= 400:
-            message, field = text.strip()[:300] or resp.reason, None
-            if isinstance(data, dict):
-                message = str(data.get("message") or message)
-                field = data.get("field")
-            raise GPUPoolError(resp.code, message, field)
+            message, field = C.read_error(data)
+            raise GPUPoolError(resp.code, message or text.strip()[:300] or resp.reason, field)
         return data
 
     def _workspace_path(self) -> str:
@@ -285,9 +306,7 @@ class GPUPoolSpawnerMixin(Spawner):
             nodes = await self.gpupool_nodes()
         except GPUPoolError as e:
             self.log.error("gpupool: cannot build the options form for %s: %s", self._log_name, e.message)
-            return ('<div class="alert alert-danger" id="gpupool-unavailable">The GPU scheduler is not '
-                    'answering right now, so workspaces with GPUs cannot start. Start now for a workspace '
-                    'without GPU, or try again in a minute (tell your admin if it lasts).</div>')
+            return gpuform.render_unavailable()
         max_gpus, memory, model = self._limits_from_nodes(nodes)
         defaults = self.orm_spawner.user_options if getattr(self, "orm_spawner", None) else None
         return gpuform.render_form(queues=queues, fractions=self.gpu_fractions, max_gpus=max_gpus,
@@ -383,18 +402,13 @@ class GPUPoolSpawnerMixin(Spawner):
         return limit
 
     def _timeout_message(self, ws: dict, waited: float) -> str:
+        """Where the request was when admission timed out: the service's position and its reason
+        (the sentence as the service wrote it; the spawner never takes it apart)."""
         queue = ws.get("queue") or (self.gpu_request.queue if self.gpu_request else None) or "its queue"
-        reason = (ws.get("reason") or "").strip()
-        prefix = f"queued in {queue}: "
-        detail = reason[len(prefix):] if reason.lower().startswith(prefix.lower()) else reason
-        if not detail and ws.get("position"):
-            detail = f"position {ws['position']}"
-        if ws.get("position") and "position" not in detail:
-            detail = f"position {ws['position']}, {detail}" if detail else f"position {ws['position']}"
-        detail = detail.rstrip(".")
-        return (f"Still queued in {queue} after {_human_duration(waited)}"
-                + (f": {detail}" if detail else "")
-                + ". Try a smaller request or ask your admin.")
+        where = f" at position {ws['position']}" if ws.get("position") else ""
+        reason = (ws.get("reason") or "").strip().rstrip(".")
+        return (f"Still queued in {queue} after {_human_duration(waited)}{where}"
+                + (f" ({reason})" if reason else "") + ". " + timeout_advice(ws.get("reason_code")))
 
     async def admit(self, request: GPURequest) -> dict:
         """Ask for the GPUs and wait until they are granted; returns the running workspace."""
@@ -416,12 +430,12 @@ class GPUPoolSpawnerMixin(Spawner):
         polls = 0
         while True:
             status = (ws or {}).get("status")
-            if status == "running":
+            if status == C.RUNNING:
                 return ws
-            if status in ("failed", "cancelled", "rejected", "stopped"):
+            if status in C.ENDED or status == C.STOPPED:
                 raise _spawn_error(f"The GPU scheduler did not admit this server: "
                                      f"{ws.get('reason') or status}", reason="gpupool-" + status)
-            reason = ws.get("reason") or ("waiting for the GPU scheduler" if status != "starting"
+            reason = ws.get("reason") or ("waiting for the GPU scheduler" if status != C.STARTING
                                           else "GPUs granted, starting")
             self._progress_push(reason[0].upper() + reason[1:], 10)
             waited = time.monotonic() - started
@@ -514,9 +528,7 @@ class GPUPoolSpawnerMixin(Spawner):
             if request.wants_gpu:
                 ws = await self.admit(request)
                 self.apply_allocation(ws)
-                where = ", ".join(f"{a.get('node')} GPU {','.join(str(g) for g in a.get('gpus', []))}"
-                                  + (f" ({a['fraction']:g})" if a.get("fraction", 1) not in (1, 1.0) else "")
-                                  for a in self.gpu_allocation)
+                where = C.describe_allocation(self.gpu_allocation)
                 self._progress_push(f"GPUs granted ({where or request.describe()}); starting the server", 40,
                                     done=True)
             else:
@@ -563,8 +575,8 @@ class GPUPoolSpawnerMixin(Spawner):
             await self._note_suspension()
             if self.gpupool_suspension:
                 ws["reason"] = self.gpupool_suspension.get("reason")
-        if ws.get("status") in ("running", "preempting", "starting"):
-            if ws.get("status") == "preempting" and not self._warned_preempting:
+        if ws.get("status") in C.HOLDING:
+            if ws.get("status") == C.PREEMPTING and not self._warned_preempting:
                 self._warned_preempting = True
                 self.log.warning("gpupool: %s is being preempted: %s", self._log_name, ws.get("reason"))
             return None

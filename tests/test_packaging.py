@@ -23,6 +23,9 @@ def test_wheel_builds_and_imports(tmp_path):
     for data in ("templates/dashboard.html", "templates/hub/home.html", "static/chart.umd.min.js",
                  "static/chart.js-LICENSE.md"):
         assert f"gpupool/hub_ext/{data}" in names, data
+    # the HTML templates travel as package data
+    for template in ("spawner/templates/gpu_form.html", "widgets/templates/macros.html", "widgets/templates/job.html"):
+        assert f"gpupool/{template}" in names, template
     # Install the wheel alone into a bare target dir and import the pure core from there.
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheels[0])],

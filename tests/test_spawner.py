@@ -319,7 +319,7 @@ def test_admission_timeout_fails_cleanly_and_withdraws(hub):
     assert failed, events
     msg = failed[-1]["message"]
     assert msg.startswith("Spawn failed: Still queued in vision after 2"), msg
-    assert "position 1" in msg and "Try a smaller request or ask your admin." in msg, msg
+    assert "at position 1" in msg and "runs within the queue's deserved GPUs" in msg, msg  # by reason_code
     hub.wait_for(lambda: _server(hub, "erin") is None or not _server(hub, "erin").get("pending"), 10)
     assert _workspace(hub, "erin") is None  # the queued request was withdrawn
     assert "Traceback" not in hub.hub_log().split("erin")[-1][:2000]
@@ -494,3 +494,21 @@ def test_scheduler_down_gpu_start_fails_clearly_cpu_start_works(hub):
     _wait_ready(hub, "alice")
     assert _server_env(hub, "alice")["CUDA_VISIBLE_DEVICES"] == ""
     _stop(hub, "alice")
+
+
+def test_render_form_escapes_each_value_once():
+    html = render_form(queues=[{"name": "a&b", "deserved": {"gpu": 1}}], max_gpus=1, gpu_memory=24 * GiB,
+                       gpu_model="<L4 & co>", defaults={"gpu_memory": '"><script>'}, note="<i>note</i>")
+    assert "(&lt;L4 &amp; co&gt;)" in html and "&amp;lt;" not in html and "&amp;amp;" not in html
+    assert 'value="a&amp;b"' in html and "<script>" not in html and "&lt;i&gt;note&lt;/i&gt;" in html
+    assert '<option value="0" selected>0 GPUs (CPU only)</option>' in html
+
+
+def test_timeout_advice_follows_the_reason_code():
+    from gpupool import contract as C
+    from gpupool.spawner.mixin import timeout_advice
+
+    assert "at its limit" in timeout_advice(C.Code.LIMIT.value)
+    assert "not together on one node" in timeout_advice(C.Code.FRAGMENTED.value)
+    assert "start again in a minute" in timeout_advice(C.Code.RECLAIMING.value)
+    assert timeout_advice(None) == timeout_advice("no-such-code") == "Try a smaller request or ask your admin."

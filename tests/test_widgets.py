@@ -86,6 +86,17 @@ def test_job_and_sweep_rendering():
     assert html.count("<polyline") == 2 and 'data-series="0"' in html
 
 
+def test_every_value_is_escaped_once():
+    evil = '<img src=x onerror="alert(1)">&'
+    job = {**JOBS[1], "name": evil, "reason": evil, "metrics": {evil: [{"step": 0, "value": 1.0}]}}
+    node = {**NODES[0], "name": evil, "gpu_model": evil}
+    queue = {**QUEUES[0], "name": evil, "parent": evil}
+    for html in (render.job_html(job, log_tail=evil), render.jobs_html([job]), render.gpus_html([node]),
+                 render.queues_html([queue], [job], "alice"), render.status_line(evil)):
+        assert "<img" not in html and "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;&amp;" in html, html
+        assert "&amp;lt;" not in html and "&amp;amp;" not in html
+
+
 def test_refresher_thread_stops_on_close():
     from gpupool.widgets import Refresher
     calls = []

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import ipywidgets as w
 
+from .. import contract as C
 from . import render
 
 _ids = itertools.count(1)
@@ -81,7 +82,7 @@ class _View(w.VBox):
     title = ""
 
     def __init__(self, *, interval: float = 5.0, autorefresh: bool = True, client=None, user: str | None = None):
-        self.html = w.HTML(value=f'<div style="{render.FONT}">loading…</div>')
+        self.html = w.HTML(value=render.loading())
         self.status_line = w.HTML(value="")
         super().__init__([self.html, self.status_line])
         self.add_class("gpupool-view")
@@ -134,8 +135,7 @@ class _View(w.VBox):
 
     def _show_error(self, e: BaseException) -> None:
         self.error = str(e)
-        self.status_line.value = (f'<span style="color:#b71c1c;font-size:11px">{render.E(str(e))} '
-                                  f'(retrying; {time.strftime("%H:%M:%S")})</span>')
+        self.status_line.value = render.status_line(f'{e} (retrying; {time.strftime("%H:%M:%S")})', "#b71c1c")
 
     def close(self) -> None:
         """Stop the refresher thread and close the widget."""
@@ -229,10 +229,10 @@ class JobView(_View):
 
     def show(self, data):
         super().show(data)
-        self.cancel_button.disabled = data["job"].get("status") in ("succeeded", "failed", "cancelled")
+        self.cancel_button.disabled = data["job"].get("status") in C.ENDED
 
     def finished(self) -> bool:
-        return bool(self.data) and self.data["job"].get("status") in ("succeeded", "failed", "cancelled")
+        return bool(self.data) and self.data["job"].get("status") in C.ENDED
 
     def _cancel(self):
         try:
@@ -328,16 +328,15 @@ class Dashboard(w.VBox):
         self.server.value = render.workspace_html(mine[0] if mine else None)
         for v in (self.queues, self.gpus, self.jobs):
             v.status_line.value = ""
-        self.status_line.value = (f'<span style="color:#999;font-size:11px">updated {time.strftime("%H:%M:%S")}'
-                                  f'{" · live" if self.refresher.running else ""} · {render.E(self.client.url)}</span>')
+        self.status_line.value = render.status_line(f'updated {time.strftime("%H:%M:%S")}'
+                                                    f'{" · live" if self.refresher.running else ""} · {self.client.url}')
 
     def refresh(self) -> "Dashboard":
         self.show(self.fetch())
         return self
 
     def _show_error(self, e):
-        self.status_line.value = (f'<span style="color:#b71c1c;font-size:11px">{render.E(str(e))} '
-                                  f'(retrying; {time.strftime("%H:%M:%S")})</span>')
+        self.status_line.value = render.status_line(f'{e} (retrying; {time.strftime("%H:%M:%S")})', "#b71c1c")
 
     def close(self) -> None:
         self.refresher.stop()

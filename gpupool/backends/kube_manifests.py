@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from ..contract import TRAIN
 from ..scheduler.model import PodPlacement
 from .base import program_argv, worker_file
 
@@ -244,7 +245,7 @@ class JobPodSpec:
     checkpoint_dir: str
     stop_file: str
     namespace: str = "default"
-    kind: str = "train"
+    kind: str = TRAIN
     attempt: int = 0
     parameters: dict = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)

@@ -42,6 +42,7 @@ from typing import Any, Callable
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import Config, LoggingConfigurable
 
+from ..contract import TRAIN
 from ..scheduler.model import NodeSpec, PodPlacement
 from ..scheduler.units import parse_bytes, parse_cpu
 from . import kube_manifests as km
@@ -670,7 +671,7 @@ class KubeJobBackend(JobBackend):
         memory = spec.memory or (parse_bytes(self.kube.memory) if self.kube.memory else 0)
         pod = km.JobPodSpec(
             job_id=spec.job_id, run_id=worker_run_id(spec.run_id, rank), user=spec.user, queue=spec.queue,
-            kind=spec.kind or "train", image=image, placement=placement, rank=rank, command=spec.command,
+            kind=spec.kind or TRAIN, image=image, placement=placement, rank=rank, command=spec.command,
             gang=spec.run_id if spec.pods > 1 else "", subdomain=service,
             notebook=spec.notebook, output=spec.worker_output(rank), log=spec.worker_log(rank), job_dir=spec.job_dir,
             checkpoint_dir=spec.checkpoint_dir, stop_file=spec.stop_file, namespace=self.namespace,

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import requests
 
+from .. import contract as _contract
 from . import config as _config
 
 DEFAULT_TIMEOUT = 30.0
@@ -84,10 +85,7 @@ def error_from_response(resp: requests.Response) -> GPUPoolError:
     status = resp.status_code
     message = field = None
     try:
-        body = resp.json()
-        if isinstance(body, dict):
-            message = body.get("message") or body.get("reason") or body.get("error")
-            field = body.get("field")
+        message, field = _contract.read_error(resp.json())
     except ValueError:
         text = (resp.text or "").strip()
         if text and len(text) < 300 and "<" not in text:

@@ -15,8 +15,9 @@ from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
-from ..scheduler.units import format_bytes, parse_bytes
-from .jobs import ACTIVE, TERMINAL, KINDS, Job, build_body, metrics_of, post_job, request_text, status_line
+from ..contract import (ACTIVE, JOB_KINDS, STATUSES, SUCCEEDED, describe_allocation, format_bytes,
+                        parse_bytes)
+from .jobs import Job, build_body, metrics_of, post_job, request_text, status_line
 
 
 class UsageError(Exception):
@@ -66,8 +67,7 @@ def _print_json(obj) -> None:
 
 
 def _alloc(j: dict) -> str:
-    return "; ".join(f'{a.get("node")}:{",".join(str(g) for g in a.get("gpus") or [])}({_num(a.get("fraction"))})'
-                     for a in j.get("allocation") or [])
+    return describe_allocation(j.get("allocation"))
 
 
 def parse_params(items: Sequence[str] | None) -> dict:
@@ -136,7 +136,7 @@ def cmd_submit(args) -> int:
             _print_json(job.data)
         else:
             print(f"{job.id} {status_line(job.data)}")
-        return 0 if job.data.get("status") == "succeeded" else 1
+        return 0 if job.data.get("status") == SUCCEEDED else 1
     return 0
 
 
@@ -560,7 +560,7 @@ def _submit_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", help="GPU memory instead of --gpus, e.g. 8Gi")
     p.add_argument("-q", "--queue", help="queue (default: your first queue)")
     p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="papermill parameter (repeatable)")
-    p.add_argument("--kind", choices=KINDS, help="workload kind (default train)")
+    p.add_argument("--kind", choices=JOB_KINDS, help="workload kind (default train)")
     p.add_argument("--priority", type=int, help="priority within the queue")
     p.add_argument("--name", help="display name (default: the notebook's name)")
     p.add_argument("--checkpoint-on-signal", action="store_true", help="the notebook saves a checkpoint when asked to stop")
@@ -599,7 +599,7 @@ def register(subparsers) -> None:
     p = add("list", cmd_list, "list your jobs (running and queued; --all for finished ones) and the notebook "
                                "servers holding or waiting for GPUs")
     p.add_argument("--all", "-A", action="store_true", help="include finished jobs")
-    p.add_argument("--status", choices=ACTIVE + TERMINAL, help="only jobs in this status")
+    p.add_argument("--status", choices=STATUSES, help="only jobs in this status")
     p.add_argument("--user", help="only this user's jobs (admins)")
     p.add_argument("--sweep", help="only the trials of this sweep")
 

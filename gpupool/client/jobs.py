@@ -8,11 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from ..contract import ENDED, format_request
 from .api import BadRequest, Client, GPUPoolError, get_client
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "starting", "running", "preempting")
-KINDS = ("train", "hpo-trial", "inference")
 
 # Fields that change while a job lives: reading them refreshes a stale, unfinished job.
 _LIVE_MAX_AGE = 2.0
@@ -51,7 +48,7 @@ class Job:
         return self
 
     def _live(self, key: str, default=None):
-        if self._data.get("status") not in TERMINAL and time.monotonic() - self._fetched > _LIVE_MAX_AGE:
+        if self._data.get("status") not in ENDED and time.monotonic() - self._fetched > _LIVE_MAX_AGE:
             self.refresh()
         return self._data.get(key, default)
 
@@ -88,6 +85,11 @@ class Job:
         return self._live("reason") or ""
 
     @property
+    def reason_code(self) -> str | None:
+        """Why the job waits, for programs: one of ``gpupool.contract.REASON_CODES`` (None unless queued)."""
+        return self._live("reason_code")
+
+    @property
     def position(self) -> int | None:
         return self._live("position")
 
@@ -97,7 +99,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        return self.status in TERMINAL
+        return self.status in ENDED
 
     @property
     def metrics(self) -> dict[str, list[tuple[int, float]]]:
@@ -126,7 +128,7 @@ class Job:
                 if bar is not None:
                     bar.set_description_str(f"{self.id} {status}: {self._data.get('reason') or ''}"[:200])
                     bar.update(0)
-                if status in TERMINAL:
+                if status in ENDED:
                     return self
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"job {self.id} is still {status} after {timeout:g}s: "
@@ -155,7 +157,7 @@ class Job:
             text, offset = self.client.log(self.id, offset, rank=rank)
             if text:
                 yield text
-            if self.refresh().status in TERMINAL:
+            if self.refresh().status in ENDED:
                 text, offset = self.client.log(self.id, offset, rank=rank)
                 if text:
                     yield text
@@ -192,15 +194,7 @@ class Job:
 def request_text(j: Mapping[str, Any]) -> str:
     """The GPU request in words: ``0.5 GPU``, ``2 GPUs``, ``8Gi of one GPU``, ``0 GPUs (CPU only)``,
     ``2 workers x 4 GPUs``."""
-    from ..scheduler.units import format_amount, format_bytes, parse_bytes
-
-    if j.get("gpu_memory"):
-        each = f"{format_bytes(parse_bytes(j['gpu_memory']))} of one GPU"
-    else:
-        gpus = float(j.get("gpus") or 0)
-        each = format_amount("gpu", gpus) if gpus else "0 GPUs (CPU only)"
-    pods = int(j.get("pods") or 1)
-    return f"{pods} workers x {each}" if pods > 1 else each
+    return format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods"))
 
 
 def status_line(j: Mapping[str, Any]) -> str:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, get_client
-from .jobs import TERMINAL, Job, build_body, metrics_of
+from ..contract import CANCELLED, ENDED, HPO_TRIAL, SUCCEEDED
+from .jobs import Job, build_body, metrics_of
 
 DEFAULT_STORAGE_FILE = ".gpupool-sweeps.db"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -252,7 +253,7 @@ class Sweep:
                                checkpoint_on_signal=checkpoint_on_signal, pods=pods)
         # Validate the job body once before touching storage (path / notebook problems surface now),
         # and reach the service: no hub, a refused token or a queue you may not use fails here, leaving no state.
-        build_body(self.notebook, parameters=self.parameters, kind="hpo-trial", sweep=name, **self._submit_kw)
+        build_body(self.notebook, parameters=self.parameters, kind=HPO_TRIAL, sweep=name, **self._submit_kw)
         self._check_queue(queue)
         sampler_obj = make_sampler(sampler, self.dists, seed)
         if isinstance(sampler_obj, optuna.samplers.GridSampler):
@@ -578,7 +579,7 @@ class Sweep:
                 trial = self.study.ask(self.dists)
                 self._mine.add(trial.number)
             params = {**self.parameters, **trial.params}
-            body = build_body(self.notebook, parameters=params, kind="hpo-trial", sweep=self.name,
+            body = build_body(self.notebook, parameters=params, kind=HPO_TRIAL, sweep=self.name,
                               name=self._job_name(trial.number), **self._submit_kw)
             try:
                 job = self.client.submit(body)
@@ -621,23 +622,23 @@ class Sweep:
                 for s, v in new:
                     trial.report(v, s)
                     self._reported[number] = s
-                prune = bool(new) and status not in TERMINAL and trial.should_prune()
+                prune = bool(new) and status not in ENDED and trial.should_prune()
             if prune:
                 try:
                     self.client.cancel(job_id)
                 except GPUPoolError:
                     pass
                 self._finish(number, "pruned", reason=f"pruned at step {new[-1][0]}: "
-                             f"{self.objective}={new[-1][1]:.4g} is behind the other trials", job_status="cancelled")
+                             f"{self.objective}={new[-1][1]:.4g} is behind the other trials", job_status=CANCELLED)
                 continue
-            if status == "succeeded":
+            if status == SUCCEEDED:
                 if curve:
                     self._finish(number, "complete", value=curve[-1][1], job_status=status)
                 else:
                     self._finish(number, "fail", job_status=status,
                                  reason=f"the notebook succeeded but never logged {self.objective!r} "
                                         "with gpupool.log_metric")
-            elif status in TERMINAL:
+            elif status in ENDED:
                 self._finish(number, "fail", job_status=status, reason=job.get("reason") or status)
         if self.error is None:
             self._failure_guard()

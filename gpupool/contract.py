@@ -1,0 +1,161 @@
+"""The facts that cross the API boundary, defined once (docs/api.md, ``GET api/v1/openapi.json``).
+
+Every adapter imports them from here: the service (hub_ext), the Python client and CLI, the
+spawner and the widgets. The scheduler core keeps its own model (``scheduler/model.py``); what it
+defines (the workload kinds, byte quantities) is re-exported here, never re-declared.
+
+* statuses of jobs and workspaces, and the groups adapters test against;
+* kinds (the core's ``KINDS``) and reason codes (the core's ``Code``: why a workload waits);
+* the public ids of jobs and workspaces (``j-000042``) and their limits;
+* the error payload every non-2xx JSON answer carries;
+* allocations as the API sends them, and how a person reads one;
+* quantities in words: bytes (``8Gi``) and GPUs (``0.5 GPU``, ``2 GPUs``, ``0 GPUs (CPU only)``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from .scheduler.model import KINDS
+from .scheduler.reasons import IN_MOTION, Code
+from .scheduler.units import format_amount, format_bytes, parse_bytes
+
+# -- statuses --------------------------------------------------------------------------------
+QUEUED, STARTING, RUNNING, PREEMPTING = "queued", "starting", "running", "preempting"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+ACTIVE = (QUEUED, STARTING, RUNNING, PREEMPTING)  # not finished; a workload in the scheduler's hands
+HOLDING = (STARTING, RUNNING, PREEMPTING)  # admitted: its GPUs are granted
+ENDED = (SUCCEEDED, FAILED, CANCELLED)  # a job's final statuses
+STATUSES = ACTIVE + ENDED  # every status a job may have
+STOPPED = "stopped"  # the answer of DELETE workspaces/...: the workspace is gone, its GPUs free
+WORKSPACE_STATUSES = ACTIVE + (STOPPED,)
+
+# -- kinds (the core's) ----------------------------------------------------------------------
+INTERACTIVE, TRAIN, HPO_TRIAL, INFERENCE = KINDS
+JOB_KINDS = tuple(k for k in KINDS if k != INTERACTIVE)  # workspaces are the interactive kind
+DEFAULT_JOB_KIND = TRAIN
+
+# -- reason codes (the core's): the API's ``reason_code`` next to ``reason`` ----------------------
+REASON_CODES = tuple(c.value for c in Code)
+
+
+def reason_code(pending: object) -> str | None:
+    """The ``reason_code`` of a waiting workload's reason (a core ``Pending``); None for a sentence."""
+    code = getattr(pending, "code", None)
+    return code.value if isinstance(code, Code) else None
+
+
+# -- ids -------------------------------------------------------------------------------------
+JOB, WORKSPACE = "job", "workspace"
+_PREFIX = {JOB: "j", WORKSPACE: "w"}
+ID_DIGITS = 18  # a database INTEGER holds 18 decimal digits for sure (SQLite: 64-bit)
+JOB_ID_PATTERN = rf"^j-[0-9]{{1,{ID_DIGITS}}}$"
+_ID_RE = re.compile(rf"^([jw])-([0-9]{{1,{ID_DIGITS}}})$")
+
+
+def public_id(type_: str, num: int) -> str:
+    """``("job", 42)`` -> ``"j-000042"``."""
+    return f"{_PREFIX[type_]}-{num:06d}"
+
+
+def parse_public_id(text: str) -> tuple[str, int] | None:
+    """``"j-000042"`` -> ``("job", 42)``; None when it is not an id (or a number no row can have)."""
+    m = _ID_RE.match(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    return (JOB if m.group(1) == "j" else WORKSPACE), int(m.group(2))
+
+
+# -- limits users need (the request models state them; docs/api.md lists them) ---------------
+MAX_NAME = 255  # names, queue names, sweep ids, users, servers, metric names
+MAX_PATH = 4096  # notebook paths
+MAX_GPUS = 1024  # GPUs one request may ask for
+MAX_ARGS = 1000  # items of a script's args or a command
+MAX_PODS = 4096  # workers of one job (c.GPUPool.max_pods sets the pool's own, lower limit)
+MAX_CPU = 1_000_000  # cores
+MAX_BYTES = 2**50  # memory / gpu_memory (1 PiB)
+PRIORITY_RANGE = (-1_000_000_000, 1_000_000_000)
+INT64 = (-(2**63), 2**63 - 1)  # metric steps, offsets: what the database stores
+MAX_LIST = 10_000  # GET jobs?limit=
+
+
+# -- the error payload -----------------------------------------------------------------------
+def error_payload(status: int, message: str, field: str | None = None) -> dict:
+    """The body of every error answer: ``{"status": 400, "message": "gpus: ...", "field": "gpus"}``."""
+    body: dict[str, Any] = {"status": status, "message": message}
+    if field:
+        body["field"] = field
+    return body
+
+
+def read_error(body: Any) -> tuple[str | None, str | None]:
+    """(message, field) of an error answer's JSON body (None, None when it is not one)."""
+    if not isinstance(body, Mapping):
+        return None, None
+    message = body.get("message") or body.get("reason") or body.get("error")
+    field = body.get("field")
+    return (str(message) if message else None), (str(field) if field else None)
+
+
+# -- allocations -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    """One pod's share of one node: GPU indices there and the fraction of each (1.0 = whole)."""
+
+    node: str
+    gpus: tuple[int, ...] = ()
+    fraction: float = 1.0
+
+    def to_api(self) -> dict:
+        return {"node": self.node, "gpus": list(self.gpus), "fraction": self.fraction}
+
+    def describe(self) -> str:
+        """``box GPU 0,1``, ``box GPU 1 (0.5)`` or ``box (no GPU)``."""
+        if not self.gpus:
+            return f"{self.node} (no GPU)"
+        text = f"{self.node} GPU {','.join(str(g) for g in self.gpus)}"
+        return text if self.fraction == 1 else f"{text} ({self.fraction:g})"
+
+
+def allocation_from_api(data: Iterable[Mapping] | None) -> list[Placement]:
+    """The API's (or the database's) ``allocation`` list -> placements."""
+    return [Placement(node=str(p["node"]), gpus=tuple(int(g) for g in p.get("gpus") or ()),
+                      fraction=float(p.get("fraction", 1.0) if p.get("fraction") is not None else 1.0))
+            for p in (data or [])]
+
+
+def allocation_to_api(data: Iterable[Mapping] | Iterable[Placement] | None) -> list[dict]:
+    """Placements (or stored allocation dicts) -> the API's ``allocation`` list."""
+    return [(p if isinstance(p, Placement) else allocation_from_api([p])[0]).to_api() for p in (data or [])]
+
+
+def describe_allocation(data: Iterable[Mapping] | None) -> str:
+    """``box GPU 0,1; box2 GPU 0 (0.5)`` ("" when it holds nothing)."""
+    return "; ".join(p.describe() for p in allocation_from_api(data))
+
+
+# -- quantities ------------------------------------------------------------------------------
+def format_gpus(amount: float | None) -> str:
+    """``0.5 GPU``, ``1 GPU``, ``2 GPUs``, ``0 GPUs (CPU only)``."""
+    amount = float(amount or 0)
+    return format_amount("gpu", amount) if amount > 0 else "0 GPUs (CPU only)"
+
+
+def format_request(gpus: float | None = None, gpu_memory: int | str | None = None, pods: int | None = 1) -> str:
+    """What a workload asks for: ``0.5 GPU``, ``2 GPUs``, ``8Gi of one GPU``, ``0 GPUs (CPU only)``,
+    ``2 workers x 4 GPUs``."""
+    each = f"{format_bytes(parse_bytes(gpu_memory))} of one GPU" if gpu_memory else format_gpus(gpus)
+    pods = int(pods or 1)
+    return f"{pods} workers x {each}" if pods > 1 else each
+
+
+__all__ = [
+    "QUEUED", "STARTING", "RUNNING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED", "ACTIVE", "HOLDING",
+    "ENDED", "STATUSES", "STOPPED", "WORKSPACE_STATUSES", "KINDS", "INTERACTIVE", "TRAIN", "HPO_TRIAL",
+    "INFERENCE", "JOB_KINDS", "Code", "IN_MOTION", "REASON_CODES", "reason_code", "DEFAULT_JOB_KIND", "JOB",
+    "WORKSPACE", "JOB_ID_PATTERN", "public_id", "parse_public_id", "MAX_NAME", "MAX_PATH", "MAX_GPUS", "MAX_ARGS",
+    "MAX_PODS", "MAX_CPU", "MAX_BYTES", "PRIORITY_RANGE", "INT64",
+    "MAX_LIST", "error_payload", "read_error", "Placement", "allocation_from_api", "allocation_to_api",
+    "describe_allocation", "format_bytes", "parse_bytes", "format_gpus", "format_request",
+]

@@ -1,0 +1,413 @@
+"""Typed requests and answers of the REST API (pydantic v2), and the OpenAPI 3.1 document built
+from them (``GET api/v1/openapi.json``).
+
+Request models check shapes, types and the limits users need (stated once, in
+:mod:`gpupool.contract`); what depends on the pool (queues, node sizes, the scheduler's rules for
+fractions) is checked by the service after them. To add a field to a request, add it to its model:
+the service, the error messages and the OpenAPI document follow.
+
+Every validation error becomes one 400 whose message starts with the field's name
+(``"gpus: must be a number"``) and whose payload names it (``"field": "gpus"``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError,
+                      WithJsonSchema, field_validator)
+
+from .. import contract as C
+from ..scheduler.units import parse_cpu
+
+# ---------------------------------------------------------------------------- field types
+
+def _whole(value: Any) -> Any:
+    """JSON has one number type: 3.0 is the integer 3 (as JSON Schema says); "3" and true are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Name = Annotated[str, Field(strict=True, max_length=C.MAX_NAME)]
+Priority = Annotated[int, BeforeValidator(_whole), Field(strict=True, ge=C.PRIORITY_RANGE[0], le=C.PRIORITY_RANGE[1])]
+# the lower end and the fraction rule are hub_ext/gpus.py's (shared with the spawn page)
+Gpus = Annotated[float, Field(strict=True, le=C.MAX_GPUS, allow_inf_nan=False, json_schema_extra={"minimum": 0},
+                              description="whole GPUs, a fraction of one below 1, or 0 for no GPU")]
+Flag = Annotated[bool, Field(strict=True)]
+
+
+def _quantity(value: Any) -> int:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite quantity such as 24Gi")
+    try:
+        n = C.parse_bytes(value)
+    except OverflowError:
+        raise ValueError(f"must be at most {C.format_bytes(C.MAX_BYTES)}") from None
+    if n > C.MAX_BYTES:
+        raise ValueError(f"must be at most {C.format_bytes(C.MAX_BYTES)}")
+    return n
+
+
+def _cpu(value: Any) -> float:
+    cores = parse_cpu(value)
+    if not math.isfinite(cores) or cores > C.MAX_CPU:
+        raise ValueError(f"must be a number of cores up to {C.MAX_CPU}")
+    return cores
+
+
+_NUMBER = r"[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
+_QUANTITY_SCHEMA = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": C.MAX_BYTES},
+                              {"type": "string", "maxLength": 32, "examples": ["8Gi", "512Mi"],
+                               "pattern": rf"^\s*{_NUMBER}\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P)?\s*$"}],
+                    "description": "bytes, or a quantity such as 8Gi"}
+Quantity = Annotated[int, PlainValidator(_quantity), WithJsonSchema(_QUANTITY_SCHEMA)]
+Cores = Annotated[float, PlainValidator(_cpu),
+                  WithJsonSchema({"oneOf": [{"type": "number", "minimum": 0, "maximum": C.MAX_CPU},
+                                            {"type": "string", "maxLength": 32, "examples": ["8", "500m"],
+                                             "pattern": rf"^\s*{_NUMBER}m?\s*$"}],
+                                  "description": "cores, or a quantity such as 500m"})]
+
+
+Notebook = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "required": ["cells", "nbformat"], "description": "an nbformat 4 notebook",
+    "properties": {"nbformat": {"const": 4}, "nbformat_minor": {"type": "integer"}, "metadata": {"type": "object"},
+                   "cells": {"type": "array", "items": {"type": "object"}}}})]
+
+
+class Request(BaseModel):
+    """A JSON body: unknown fields are refused (a typo must not be ignored silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(cls.model_fields)
+
+
+class Query(BaseModel):
+    """Query arguments (strings, converted): unknown ones are ignored, as web APIs do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---------------------------------------------------------------------------- requests
+
+class Resources(Request):
+    gpus: Optional[Gpus] = None
+    gpu_memory: Optional[Quantity] = Field(None, description="instead of gpus: a share of one GPU by memory")
+    cpu: Optional[Cores] = None
+    memory: Optional[Quantity] = None
+    queue: Optional[Name] = Field(None, description="a leaf queue you may use (default: your first)")
+    priority: Optional[Priority] = Field(None, description="within the queue (default: by kind)")
+    preemptible: Optional[Flag] = None
+
+
+_ARGV = {"type": "array", "maxItems": C.MAX_ARGS, "items": {"type": ["string", "number"]}}
+
+
+class JobRequest(Resources):
+    """``POST jobs``: exactly one of ``notebook`` / ``notebook_content``."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["notebook"]},
+                                                           {"required": ["notebook_content"]}]})
+
+    notebook: Optional[Annotated[str, Field(strict=True, min_length=1, max_length=C.MAX_PATH)]] = Field(
+        None, description="path relative to your working directory")
+    notebook_content: Optional[Notebook] = Field(None, description="an nbformat 4 notebook")
+    parameters: Optional[dict[str, Any]] = Field(None, description="papermill parameters")
+    kind: Optional[Literal[C.JOB_KINDS]] = Field(None, description="default: train")  # type: ignore[valid-type]
+    checkpoint_on_signal: Optional[Flag] = None
+    name: Optional[Name] = Field(None, description="display name (default: the notebook's stem)")
+    sweep: Optional[Name] = Field(None, description="the sweep this trial belongs to")
+    # what a script or command job runs: checked by hub_ext/programs.py (its messages name the item)
+    script: Optional[Annotated[Any, WithJsonSchema({"type": "string", "maxLength": C.MAX_PATH})]] = Field(
+        None, description="instead of a notebook: a .py path relative to your working directory")
+    args: Optional[Annotated[Any, WithJsonSchema(_ARGV)]] = Field(
+        None, description="a script's arguments (strings; numbers are converted)")
+    command: Optional[Annotated[Any, WithJsonSchema({**_ARGV, "minItems": 1})]] = Field(
+        None, description="instead of a notebook: an argv list run in your working directory")
+    pods: Optional[Annotated[int, BeforeValidator(_whole), Field(strict=True, ge=1, le=C.MAX_PODS)]] = Field(
+        None, description="workers started together (each with the job's gpus, cpu, memory)")
+
+    @field_validator("parameters", "notebook_content")
+    @classmethod
+    def _plain_json(cls, v: Any) -> Any:
+        if v is not None:
+            try:
+                json.dumps(v, allow_nan=False)
+            except ValueError:
+                raise ValueError("must hold JSON values only (no NaN or Infinity)") from None
+        return v
+
+
+class WorkspaceRequest(Resources):
+    """``POST workspaces/{user}[/{server}]`` (the spawner's)."""
+
+    server: Optional[Name] = Field(None, description="server name ('' = the default server)")
+    name: Optional[Name] = None
+
+
+class MetricRequest(Request):
+    """``POST jobs/{id}/metrics``."""
+
+    name: Annotated[str, Field(strict=True, min_length=1, max_length=C.MAX_NAME, pattern=r"\S")]
+    value: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+    step: Optional[Annotated[int, BeforeValidator(_whole), Field(strict=True, ge=C.INT64[0], le=C.INT64[1])]] = None
+
+
+_STATUS_LIST = f"^[ ,]*(({'|'.join(C.STATUSES)})[ ,]*)*$"  # e.g. queued,running
+
+
+class JobListQuery(Query):
+    """``GET jobs?...``: filters; ``status`` takes a comma-separated list."""
+
+    user: Optional[Name] = Field(None, description="admins: whose jobs (others: only their own)")
+    status: Optional[Annotated[str, Field(max_length=200, pattern=_STATUS_LIST, description="comma-separated")]] = None
+    sweep: Optional[Name] = None
+    queue: Optional[Name] = None
+    kind: Optional[Name] = None
+    name: Optional[Name] = None
+    limit: Optional[Annotated[int, Field(ge=1, le=C.MAX_LIST, description="the newest N")]] = None
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _statuses(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        bad = [x.strip() for x in v.split(",") if x.strip() and x.strip() not in C.STATUSES]
+        if bad:
+            raise ValueError(f"unknown status {bad[0]!r} (use {', '.join(C.STATUSES)})")
+        return v
+
+    def statuses(self) -> list[str]:
+        return [x.strip() for x in (self.status or "").split(",") if x.strip()]
+
+
+class RankQuery(Query):
+    rank: Annotated[int, Field(ge=0, le=C.INT64[1], description="a worker of a distributed job (default 0)")] = 0
+
+
+class LogQuery(RankQuery):
+    offset: Annotated[int, Field(ge=0, le=C.INT64[1], description="byte offset (X-Log-Offset of the last answer)")] = 0
+
+
+class QueuesQuery(Query):
+    user: Optional[Name] = Field(None, description="accepted for the spawner; the answer is the caller's view")
+
+
+# ---------------------------------------------------------------------------- answers
+# Open models (more fields may come): the document states what clients may rely on.
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Error(Answer):
+    status: int = Field(ge=400, le=599)
+    message: str
+    field: Optional[str] = None
+
+
+class PlacementOut(Answer):
+    node: str
+    gpus: list[int]
+    fraction: float
+
+
+ReasonCode = Annotated[Literal[C.REASON_CODES], Field(  # type: ignore[valid-type]
+    description="why it waits, for programs (reason is the sentence for people); null when not waiting in a queue")]
+
+
+class Job(Answer):
+    id: str = Field(pattern=C.JOB_ID_PATTERN)
+    name: str
+    user: str
+    queue: str
+    kind: Literal[C.JOB_KINDS]  # type: ignore[valid-type]
+    status: Literal[C.STATUSES]  # type: ignore[valid-type]
+    reason: str
+    reason_code: Optional[ReasonCode] = None
+    position: Optional[int]
+    gpus: float
+    gpu_memory: Optional[int]
+    cpu: float
+    memory: int
+    priority: int
+    preemptible: bool
+    checkpoint_on_signal: bool
+    notebook: Optional[str]
+    parameters: dict[str, Any]
+    sweep: Optional[str]
+    submitted_at: str
+    started_at: Optional[str]
+    finished_at: Optional[str]
+    preemptions: int
+    restarts: int
+    attempts: int
+    allocation: list[PlacementOut]
+    exit_code: Optional[int]
+    metrics: dict[str, list[dict[str, Any]]]
+    checkpoint: Optional[dict[str, Any]]
+    script: Optional[str] = None
+    args: Optional[list[str]] = None
+    command: Optional[list[str]] = None
+    pods: int = 1
+    workers: list[dict[str, Any]] = []
+
+
+class JobList(Answer):
+    jobs: list[Job]
+
+
+class Workspace(Answer):
+    id: str
+    user: str
+    server: str
+    status: Literal[C.WORKSPACE_STATUSES]  # type: ignore[valid-type]
+    reason_code: Optional[ReasonCode] = None
+    queue: str
+    gpus: float
+    gpu_memory: Optional[int]
+    cpu: float
+    memory: int
+    preemptible: bool
+    priority: int
+    reason: str
+    position: Optional[int]
+    allocation: list[PlacementOut]
+    submitted_at: str
+    started_at: Optional[str]
+    env: Optional[dict[str, str]] = None
+
+
+class WorkspaceList(Answer):
+    workspaces: list[Workspace]
+
+
+class Queue(Answer):
+    name: str
+    parent: Optional[str]
+    deserved: dict[str, float]
+    limit: dict[str, float]
+    over_quota_weight: float
+    priority: int
+    fair_share: dict[str, float]
+    allocated: dict[str, float]
+    running: int
+    pending: int
+    users: list[str]
+    groups: list[str]
+    may_submit: bool
+
+
+class QueueList(Answer):
+    queues: list[Queue]
+
+
+class GpuOut(Answer):
+    index: int
+    uuid: Optional[str]
+    allocated: float
+    utilization: Optional[float]
+    memory_used: Optional[int]
+    memory_total: Optional[int]
+    allocations: list[dict[str, Any]]
+
+
+class Node(Answer):
+    name: str
+    gpu_model: str
+    gpu_memory: int
+    schedulable: bool
+    labels: dict[str, str]
+    gpus: list[GpuOut]
+    unschedulable_reason: Optional[str] = None
+
+
+class NodeList(Answer):
+    nodes: list[Node]
+
+
+class MetricOut(Answer):
+    job: str
+    name: str
+    step: Optional[int]
+    value: float
+    t: str
+
+
+class Health(Answer):
+    ok: bool
+    cycles: int
+
+
+# ---------------------------------------------------------------------------- errors -> 400
+
+class Invalid(Exception):
+    """A request that fails its model: ``field`` and a message starting with it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, f"{field}: {message}"
+
+
+def _num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _words(err: dict, model: type[BaseModel]) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return f"unknown field (allowed: {', '.join(sorted(model.model_fields))})"
+    if kind.startswith("int_"):
+        return "must be an integer"
+    if kind == "finite_number":
+        return "must be a finite number"
+    if kind.startswith("float_"):
+        return "must be a number"
+    if kind.startswith("bool_"):
+        return "must be true or false"
+    if kind.startswith("string_type"):
+        return "must be a string"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "must be an object"
+    if kind == "list_type":
+        return "must be a list"
+    if kind == "too_long":
+        return f"must have at most {ctx.get('max_length')} items"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return "must not be blank" if ctx.get("pattern") == r"\S" else f"must match {ctx.get('pattern')}"
+    if kind == "greater_than_equal":
+        return f"must be >= {_num(ctx.get('ge'))}"
+    if kind == "greater_than":
+        return f"must be > {_num(ctx.get('gt'))}"
+    if kind == "less_than_equal":
+        return f"must be at most {_num(ctx.get('le'))}"
+    if kind == "less_than":
+        return f"must be below {_num(ctx.get('lt'))}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '').replace(chr(39), '')}"
+    if kind == "value_error":
+        return str(ctx.get("error") or err.get("msg"))
+    return str(err.get("msg") or "is not valid")
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    """``model`` from ``data`` (a dict), or :class:`Invalid` naming the first bad field."""
+    if not isinstance(data, dict):
+        raise Invalid("body", "must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = [str(x) for x in err.get("loc", ()) if not isinstance(x, int)]
+        field = loc[0] if loc else "body"
+        raise Invalid(field, _words(err, model)) from None
