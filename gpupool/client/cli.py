@@ -15,8 +15,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
-from ..contract import (ACTIVE, JOB_KINDS, STATUSES, SUCCEEDED, describe_allocation, format_bytes,
-                        parse_bytes)
+from ..contract import ACTIVE, JOB_KINDS, STATUSES, SUCCEEDED, format_bytes, parse_bytes
 from .jobs import Job, build_body, metrics_of, post_job, request_text, status_line
 
 
@@ -67,7 +66,9 @@ def _print_json(obj) -> None:
 
 
 def _alloc(j: dict) -> str:
-    return describe_allocation(j.get("allocation"))
+    """A table cell: ``box:0,1(1)``; contract.describe_allocation is the sentence form."""
+    return "; ".join(f'{a.get("node")}:{",".join(str(g) for g in a.get("gpus") or [])}({_num(a.get("fraction"))})'
+                     for a in j.get("allocation") or [])
 
 
 def parse_params(items: Sequence[str] | None) -> dict:
