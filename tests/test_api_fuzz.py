@@ -133,6 +133,33 @@ async def test_a_refused_batch_is_retried_row_by_row(tmp_path):
     engine.dispose()
 
 
+def test_waiting_jobs_and_workspaces_carry_the_schedulers_reason_code(hub, tokens):
+    """reason_code (for programs) next to reason (for people), from the core's typed reasons."""
+    from gpupool import contract as C
+
+    tok = tokens["alice"]
+    r = hub.api("POST", "jobs", tok, json={"notebook_content": notebook("1"), "gpus": 2, "preemptible": False})
+    assert r.status_code == 201, r.text
+    assert r.json()["reason_code"] is None  # not through a cycle yet: a sentence only
+    jid = r.json()["id"]
+    job = hub.wait_for(lambda: (j := hub.api("GET", f"jobs/{jid}", tok).json())["reason_code"] and j, 20,
+                       message=f"no reason_code: {hub.api('GET', f'jobs/{jid}', tok).text}\n"
+                               f"{hub.service_log()[-3000:]}")
+    assert job["status"] == C.QUEUED and job["reason_code"] == C.Code.NON_PREEMPTIBLE.value, job
+    assert job["reason"] and job["reason_code"] not in job["reason"]
+    listed = hub.api("GET", "jobs?status=queued", tok).json()["jobs"]
+    assert [j["reason_code"] for j in listed if j["id"] == jid] == [C.Code.NON_PREEMPTIBLE.value]
+    done = hub.api("DELETE", f"jobs/{jid}", tok).json()
+    assert done["status"] == C.CANCELLED and done["reason_code"] is None
+    svc = hub.service_token
+    r = hub.api("POST", "workspaces/bob/big", svc, json={"gpus": 2, "preemptible": False})
+    assert r.status_code == 201, r.text
+    ws = hub.wait_for(lambda: (w := hub.api("GET", "workspaces/bob/big", svc).json())["reason_code"] and w, 20)
+    assert ws["reason_code"] == C.Code.NON_PREEMPTIBLE.value, ws
+    gone = hub.api("DELETE", "workspaces/bob/big", svc).json()
+    assert gone["status"] == C.STOPPED and gone["reason_code"] is None
+
+
 # ------------------------------------------------------------------ schemathesis
 
 FUZZ_CASES = 1200  # generated requests in make test (benchmarks/api_fuzz.py runs 10,000)
@@ -230,31 +257,6 @@ def test_python_client_requests_and_answers_match_the_document(hub, tokens):
         if media == "application/json":
             errors = list(_validator(doc, answer["content"][media]["schema"]).iter_errors(resp.json()))
             assert not errors, (request.method, url.path, resp.status_code, errors[0].message)
-
-
-def test_waiting_jobs_and_workspaces_carry_the_schedulers_reason_code(hub, tokens):
-    """reason_code (for programs) next to reason (for people), from the core's typed reasons."""
-    from gpupool import contract as C
-
-    tok = tokens["alice"]
-    r = hub.api("POST", "jobs", tok, json={"notebook_content": notebook("1"), "gpus": 2, "preemptible": False})
-    assert r.status_code == 201, r.text
-    assert r.json()["reason_code"] is None  # not through a cycle yet: a sentence only
-    jid = r.json()["id"]
-    job = hub.wait_for(lambda: (j := hub.api("GET", f"jobs/{jid}", tok).json())["reason_code"] and j, 20)
-    assert job["status"] == C.QUEUED and job["reason_code"] == C.Code.NON_PREEMPTIBLE.value, job
-    assert job["reason"] and job["reason_code"] not in job["reason"]
-    listed = hub.api("GET", "jobs?status=queued", tok).json()["jobs"]
-    assert [j["reason_code"] for j in listed if j["id"] == jid] == [C.Code.NON_PREEMPTIBLE.value]
-    done = hub.api("DELETE", f"jobs/{jid}", tok).json()
-    assert done["status"] == C.CANCELLED and done["reason_code"] is None
-    svc = hub.service_token
-    r = hub.api("POST", "workspaces/bob/big", svc, json={"gpus": 2, "preemptible": False})
-    assert r.status_code == 201, r.text
-    ws = hub.wait_for(lambda: (w := hub.api("GET", "workspaces/bob/big", svc).json())["reason_code"] and w, 20)
-    assert ws["reason_code"] == C.Code.NON_PREEMPTIBLE.value, ws
-    gone = hub.api("DELETE", "workspaces/bob/big", svc).json()
-    assert gone["status"] == C.STOPPED and gone["reason_code"] is None
 
 
 @pytest.mark.parametrize("body,field", [('{"notebook_content": %s, "name": "\\ud800"}', "name"),
