@@ -24,7 +24,8 @@ from tornado import web
 
 from . import db as D
 from . import usage as U
-from .api import allocation_view, iso
+from .. import contract as C
+from .api import iso
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _env = Environment(loader=FileSystemLoader(os.path.join(HERE, "templates")), autoescape=select_autoescape())
@@ -88,7 +89,7 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
                         code=getattr(getattr(why, "code", None), "value", None), position=st.positions.get(pid))
             pending.append(view)
         elif r.allocation is not None:
-            view.update(since=iso(r.started_at), where=allocation_view(r.allocation), reason=r.reason)
+            view.update(since=iso(r.started_at), where=C.allocation_to_api(r.allocation), reason=r.reason)
             running.append(view)
     idle_checker = getattr(svc, "idle", None)
     idle = [dict(v, id=k, since=iso(v["since"])) for k, v in sorted((idle_checker.idle if idle_checker else {}).items())
