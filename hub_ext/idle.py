@@ -49,10 +49,11 @@ from . import db as D
 from . import ledger as L
 from . import sampling as S
 from .periodic import Periodic
+from ..contract import INTERACTIVE, JOB_KINDS
 
 log = logging.getLogger("gpupool.idle")
 
-CLASSES = ("interactive", "interactive-preemptible", "train", "hpo-trial", "inference")
+CLASSES = (INTERACTIVE, f"{INTERACTIVE}-preemptible", *JOB_KINDS)  # the kinds (gpupool.contract), workspaces split
 SUSPEND, FLAG, REQUEUE = "suspend", "flag", "requeue"
 ACTIONS = {"interactive": (SUSPEND, FLAG), "interactive-preemptible": (SUSPEND, FLAG)}
 JOB_ACTIONS = (FLAG, REQUEUE)
@@ -269,7 +270,7 @@ class IdleChecker(Periodic):
                     current[pid] = self.idle.get(pid) or {"since": now - rule.after, "action": rule.action,
                                                           "rule": rule.source, "user": row.user, "queue": row.queue,
                                                           "gpus": row.gpus}
-                    gpu_words = f"GPU{'s' if row.gpus != 1 else ''}"
+                    gpu_words = "GPU" if row.gpus == 1 else "GPUs"
                     why = f"its {gpu_words} stayed idle (0 % utilisation) for {human(rule.after)} ({rule.source})"
                     if await self.act(s, row, rule, now, why):
                         acted.append(pid)
@@ -304,7 +305,7 @@ class IdleChecker(Periodic):
                 log.warning("could not write the run time warning of %s: %s", row.public_id, e)
 
     async def act(self, s: Any, row: Any, rule: Rule, now: float, why: str, cause: str = "idle") -> bool:
-        gpu_words = f"GPU{'s' if row.gpus != 1 else ''}"
+        gpu_words = "GPU" if row.gpus == 1 else "GPUs"
         if rule.action == SUSPEND:
             sus = Suspension(user=row.user, server=row.server, workload=row.public_id, options=start_options(row),
                              reason="", suspended_at=now)

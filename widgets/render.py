@@ -218,11 +218,8 @@ def workspace_html(ws: Mapping | None) -> str:
     when it will be suspended (maximum run time, idle GPUs; docs/admin.md). Empty without one."""
     if not ws:
         return ""
-    gpus = ws.get("gpus")
-    want = f"{gpus:g} GPU{'s' if gpus != 1 else ''}" if isinstance(gpus, (int, float)) else "GPU memory"
-    return (f'<div class="gpupool-workspace" data-status="{E(str(ws.get("status")))}" style="{FONT}">'
-            f'<b>Your server</b> {badge(ws.get("status"))} {E(want)} in {E(str(ws.get("queue") or ""))}: '
-            f'{E(ws.get("reason") or "")}</div>')
+    return _render("workspace.html", ws={k: ws.get(k) for k in ("status", "queue", "reason")},
+                   want=C.format_request(ws.get("gpus"), ws.get("gpu_memory")))
 
 
 # -- sweeps --------------------------------------------------------------------------------------
