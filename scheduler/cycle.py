@@ -11,6 +11,7 @@ Two capacity views are kept per cycle:
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable, Iterable
 
 import numpy as np
@@ -24,6 +25,7 @@ from .reasons import Code, Pending
 from .victims import lost_gpu_seconds
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
+_ID = operator.attrgetter("id")
 PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
 
 
@@ -154,8 +156,9 @@ class Cycle:
         self.now = ClusterState(snap.nodes)
         self.result = CycleResult()
         self.max_gpu_mem = int(self.now.gpu_mem.max()) if len(self.now.gpu_mem) else 0
-        self.workloads = [w for w in snap.workloads if w.queue in self.tree.queues]
-        self.by_id = {w.id: w for w in self.workloads}
+        known = self.tree.queues
+        self.workloads = [w for w in snap.workloads if w.queue in known]
+        self.by_id = dict(zip(map(_ID, self.workloads), self.workloads))
         names = list(self.tree.queues)
         self._reqs: dict[tuple, PodRequest] = {}
         self._masks: dict[tuple, np.ndarray | None] = {}
