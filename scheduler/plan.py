@@ -353,8 +353,9 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
 
 def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload],
               mask: np.ndarray | None) -> tuple[Statement, tuple[PodPlacement, ...]] | None:
-    """Start carrying out a plan on the future view: remove the victims and place ``c``. Returns
-    the open Statement (the caller evicts, claims, reserves and commits) and the placements."""
+    """Start carrying out a plan on the future view: remove the victims, place ``c`` and claim its
+    capacity. Returns the open Statement (the caller evicts, reserves and commits) and the
+    placements."""
     st = Statement(ctx, ctx.future)
     for v in chosen:
         st.remove(v, v.placements)
@@ -362,4 +363,5 @@ def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload],
     if placements is None:  # cannot happen: the plan was probed
         st.rollback()
         return None
+    st.claim(c.w, c.amount[0])
     return st, placements

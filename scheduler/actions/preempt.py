@@ -67,13 +67,12 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             tried.add(key)
             left.append(c)
             continue
-        victims = found[0]
         opened = make_room(ctx, c, *found)
         if opened is None:
             left.append(c)
             continue
         st, placements = opened
-        st.claim(w, c.amount[0])
+        victims = found[0]
         for v in victims:
             st.evict(v, Evict(v.id, Cause.PRIORITY.value, (
                 f"preempted: higher-priority {w.kind} workload {w.id} (priority {w.priority}) needs the GPUs "

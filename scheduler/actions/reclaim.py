@@ -62,13 +62,12 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
                 c.code, c.detail = why
             left.append(c)
             continue
-        victims = found[0]
         opened = make_room(ctx, c, *found)
         if opened is None:
             left.append(c)
             continue
         st, placements = opened
-        st.claim(w, amt)
+        victims = found[0]
         fair = ctx.fair[w.queue].get("gpu", 0.0)
         for v in victims:
             ap, _, held, deserved = budget.sides[v.queue][:4]
