@@ -108,6 +108,23 @@ class ClusterState:
         if i is not None:
             self.give(i, p.gpus, p.milli, int(round(w.cpu * MILLI)), w.memory)
 
+    def fits_placements(self, placements: Sequence[PodPlacement], w: Workload) -> bool:
+        """Would all of ``placements`` (one workload's pods: they may share a node or a GPU, and
+        their needs add up) fit now? A node or GPU that does not exist does not fit."""
+        cpu = int(round(w.cpu * MILLI))
+        gpu: dict[tuple[int, int], int] = {}
+        pods: dict[int, int] = {}
+        for p in placements:
+            n = self.index.get(p.node)
+            if n is None or any(g >= self.num_gpus[n] for g in p.gpus):
+                return False
+            pods[n] = pods.get(n, 0) + 1
+            for g in p.gpus:
+                gpu[n, g] = gpu.get((n, g), 0) + p.milli
+        if any(self.cpu_free[n] < cpu * k or self.mem_free[n] < w.memory * k for n, k in pods.items()):
+            return False
+        return all(self.gpu_free[n, g] >= m for (n, g), m in gpu.items())
+
     def free_gpu_milli(self) -> int:
         return int(self.gpu_free[self.schedulable].sum())
 

@@ -262,7 +262,6 @@ class Cycle:
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
-        self.held_milli = 0  # free GPU milli of the now view held for reservations
         # holders that bound into their planned place lately (the last two grace periods): their
         # reservations are handed on as markers, and consolidation does not move them again
         self.settling: dict[str, Reservation] = {}
@@ -371,25 +370,16 @@ class Cycle:
 
     def _hold(self, w: Workload, r: Reservation) -> str:
         """Take ``r``'s placements in the future view and hold what is free of them now."""
-        fut, now = self.future, self.now
-        cpu, mem = int(round(w.cpu * MILLI)), w.memory
-        taken: list[PodPlacement] = []
-        why = ""
+        fut = self.future
+        gone = sorted({p.node for p in r.placements
+                       if p.node not in fut.index or not fut.schedulable[fut.index[p.node]]})
+        if gone:
+            return f"node {', '.join(gone)} is gone or no longer schedulable"
+        if not fut.fits_placements(r.placements, w):
+            nodes = ", ".join(sorted({p.node for p in r.placements}))
+            return f"the capacity planned on node {nodes} is no longer there"
         for p in r.placements:
-            n = fut.index.get(p.node)
-            if n is None or not fut.schedulable[n]:
-                why = f"node {p.node} is gone or no longer schedulable"
-                break
-            if (fut.cpu_free[n] < cpu or fut.mem_free[n] < mem
-                    or any(g >= fut.num_gpus[n] or fut.gpu_free[n, g] < p.milli for g in p.gpus)):
-                why = f"the capacity planned on node {p.node} is no longer there"
-                break
             fut.take_placement(p, w)
-            taken.append(p)
-        if why:
-            for p in taken:
-                fut.give_placement(p, w)
-            return why
         self._claim(w.queue, self.amounts[w.id][0])
         self._hold_now(w, r.placements)
         return ""
@@ -402,7 +392,6 @@ class Cycle:
                     self.now.give(n, (g,), h, 0, 0)
             if ch or mh:
                 self.now.give(n, (), 0, ch, mh)
-            self.held_milli -= sum(gh)
 
     def rehold(self, wid: str) -> None:
         """Undo ``unhold`` (the holder could not bind yet)."""
@@ -424,7 +413,6 @@ class Cycle:
                     now.take(n, (g,), h, 0, 0)
             if ch or mh:
                 now.take(n, (), 0, ch, mh)
-            self.held_milli += sum(gh)
             holds.append((n, p.gpus, gh, ch, mh))
         self.holds[w.id] = holds
 

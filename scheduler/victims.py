@@ -8,8 +8,6 @@ has the least invested), then by id for determinism.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
-
 from .model import Workload
 
 
@@ -20,8 +18,3 @@ def lost_gpu_seconds(w: Workload, now: float, gpus: float) -> float:
 def victim_key(w: Workload, now: float, gpus: float, excess: float = 0.0) -> tuple:
     started = w.started_at if w.started_at is not None else now
     return (lost_gpu_seconds(w, now, gpus), -excess, w.priority, -started, w.id)
-
-
-def victim_order(workloads: Iterable[Workload], now: float,
-                 amount: Callable[[Workload], tuple[float, float, float]]) -> list[Workload]:
-    return sorted(workloads, key=lambda w: victim_key(w, now, amount(w)[0]))

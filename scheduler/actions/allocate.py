@@ -15,7 +15,7 @@ import heapq
 
 from ..cycle import Candidate, Cycle, Statement, queue_order, raw_key
 from ..fairshare import EPS
-from ..model import MILLI, Phase, Workload
+from ..model import Phase, Workload
 from ..reasons import Code
 
 
@@ -60,7 +60,7 @@ def _bind_holders(ctx: Cycle) -> None:
         placed = None
         st = Statement(ctx, now)
         if ctx.quota_block(c) is None:
-            if _free_now(ctx, w, r.placements):
+            if now.fits_placements(r.placements, w):  # its victims have released
                 st.place(w, r.placements)
                 placed = r.placements
             elif ctx.fits(c, now):
@@ -76,23 +76,6 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
         ctx.settling[wid] = dataclasses.replace(ctx.reservations.pop(wid), bound_at=ctx.now_t)
         ctx.bind(c, placed)
-
-
-def _free_now(ctx: Cycle, w: Workload, placements) -> bool:
-    """Is every planned placement free in the now view (its victims have released)? Pods of a
-    gang may share a node or a GPU: their needs add up."""
-    now = ctx.now
-    cpu = int(round(w.cpu * MILLI))
-    gpu: dict[tuple[int, int], int] = {}
-    node: dict[int, int] = {}
-    for p in placements:
-        n = now.index[p.node]
-        node[n] = node.get(n, 0) + 1
-        for g in p.gpus:
-            gpu[n, g] = gpu.get((n, g), 0) + p.milli
-    if any(now.cpu_free[n] < cpu * k or now.mem_free[n] < w.memory * k for n, k in node.items()):
-        return False
-    return all(now.gpu_free[n, g] >= m for (n, g), m in gpu.items())
 
 
 def _maybe_behind(ctx: Cycle, c: Candidate, lowest: dict[str, int]) -> None:
