@@ -20,7 +20,7 @@ from .actions.allocate import allocate
 from .actions.consolidate import consolidate
 from .actions.preempt import preempt
 from .actions.reclaim import reclaim
-from .cycle import Candidate, Cycle
+from .cycle import SINCE, Candidate, Cycle
 from .model import RESOURCES, CycleResult, Phase, SchedulerConfig, Snapshot
 from .placement import make_policy
 from .reasons import Code, Pending
@@ -64,8 +64,7 @@ class Scheduler:
         for w in snapshot.workloads:
             if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:
                 ctx.result.pending[w.id] = Pending(Code.NO_QUEUE, w.queue)
-        ctx.result.reservations = sorted([*ctx.reservations.values(), *ctx.settling.values()],
-                                         key=lambda r: (r.since, r.workload))
+        ctx.result.reservations = sorted([*ctx.reservations.values(), *ctx.settling.values()], key=SINCE)
         ctx.result.fair_share = ctx.fair
         ctx.result.allocated = {q: dict(zip(RESOURCES, ctx.alloc[q])) for q in ctx.tree.queues}
         return ctx.result

@@ -26,7 +26,9 @@ from .victims import lost_gpu_seconds
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 _ID = operator.attrgetter("id")
+SINCE = operator.attrgetter("since", "workload")  # the order reservations are taken in and handed on
 PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
+_new_tuple = tuple.__new__  # Pending(...) without its Python-level __new__ (one per waiting workload)
 
 
 def _add(a: Vec, b: Vec, sign: float = 1.0) -> Vec:
@@ -155,6 +157,7 @@ class Cycle:
         self.tree = QueueTree(snap.queues)
         self.now = ClusterState(snap.nodes)
         self.result = CycleResult()
+        self._positions = self.result.positions
         self.max_gpu_mem = int(self.now.gpu_mem.max()) if len(self.now.gpu_mem) else 0
         known = self.tree.queues
         self.workloads = [w for w in snap.workloads if w.queue in known]
@@ -335,7 +338,7 @@ class Cycle:
         timeout = self.cfg.reservation_timeout
         if timeout is None:
             timeout = 2 * self.cfg.preemption_grace + 60.0
-        for r in sorted(reservations, key=lambda r: (r.since, r.workload)):
+        for r in sorted(reservations, key=SINCE):
             w = self.by_id.get(r.workload)
             if r.bound_at is not None:  # a marker: it bound into a planned place lately
                 if (w is not None and w.phase == Phase.RUNNING
@@ -589,7 +592,7 @@ class Cycle:
     def wait(self, c: Candidate | Workload, code: Code, detail: dict | None = None) -> None:
         """Record why a workload waits this cycle."""
         w = c if isinstance(c, Workload) else c.w
-        self.result.pending[w.id] = Pending(code, w.queue, self.result.positions.get(w.id, 1), detail or {})
+        self.result.pending[w.id] = _new_tuple(Pending, (code, w.queue, self._positions.get(w.id, 1), detail or {}))
 
     # -- binding ---------------------------------------------------------------------------------
     def bind(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:

@@ -259,13 +259,19 @@ def _index(ctx: Cycle) -> tuple:
         held = np.zeros(shape, dtype=np.int64)
         mincost = np.full(shape, np.inf)
         per_node: dict[int, list[tuple[Workload, int]]] = {}
+        rows, cols, milli, costs = [], [], [], []
         for v in ctx.preemptible_running():
             i, cost = qn[v.queue], ctx.victim_cost(v)
             for n, m in ctx.victim_nodes(v):
-                held[i, n] += m
-                if cost < mincost[i, n]:
-                    mincost[i, n] = cost
+                rows.append(i)
+                cols.append(n)
+                milli.append(m)
+                costs.append(cost)
                 per_node.setdefault(n, []).append((v, m))
+        if rows:
+            at = (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))
+            np.add.at(held, at, np.array(milli, dtype=np.int64))
+            np.minimum.at(mincost, at, np.array(costs, dtype=float))
         idx = ctx.cache["victim-index"] = (qn, held, mincost, per_node)
     return idx
 

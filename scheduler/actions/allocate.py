@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import operator
 
-from ..cycle import Candidate, Cycle, Statement, queue_order, raw_key
+from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order, raw_key
 from ..fairshare import EPS
 from ..model import Phase, Workload
 from ..reasons import Code
+
+
+_SUBMITTED = operator.attrgetter("submit_time", "id")
+_PRIORITY = operator.attrgetter("priority")
 
 
 def by_queue(workloads: list[Workload]) -> dict[str, list[Workload]]:
     out: dict[str, list[Workload]] = {}
     for w in workloads:
         out.setdefault(w.queue, []).append(w)
-    for lst in out.values():
-        lst.sort(key=lambda w: (-w.priority, w.submit_time, w.id))
+    for lst in out.values():  # by priority (highest first), then submit time, then id
+        lst.sort(key=_SUBMITTED)
+        lst.sort(key=_PRIORITY, reverse=True)  # stable: equal priorities keep the order above
     return out
 
 
@@ -51,6 +57,10 @@ def _bind_holders(ctx: Cycle) -> None:
     """Bind each pending holder into what is held for it, once its victims have released it
     (or anywhere else it fits now: a cheap probe first, since most holders still wait)."""
     now = ctx.now
+    # Single-pod shapes that fitted nowhere in the now view. Capacity in the now view only shrinks
+    # during this loop, except on the nodes a holder's own holds give back while it is tried: a
+    # later holder of such a shape can only fit on the nodes of its own reservation.
+    nowhere: set[tuple] = set()
     for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
         w = ctx.by_id[wid]
         if w.phase != Phase.PENDING:
@@ -63,7 +73,12 @@ def _bind_holders(ctx: Cycle) -> None:
             if now.fits_placements(r.placements, w):  # its victims have released
                 st.place(w, r.placements)
                 placed = r.placements
-            elif ctx.fits(c, now):
+            elif w.pods > 1 or c.shape not in nowhere:
+                if ctx.fits(c, now):
+                    placed = ctx.place(c, st)
+                elif w.pods == 1:
+                    nowhere.add(c.shape)
+            elif _fits_on_any(ctx, c, {now.index[p.node] for p in r.placements}):
                 placed = ctx.place(c, st)
         if placed is None:
             ctx.rehold(wid)
@@ -76,6 +91,12 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
         ctx.settling[wid] = dataclasses.replace(ctx.reservations.pop(wid), bound_at=ctx.now_t)
         ctx.bind(c, placed)
+
+
+def _fits_on_any(ctx: Cycle, c: Candidate, nodes: set[int]) -> bool:
+    """Does one pod of ``c`` fit on one of ``nodes`` in the now view?"""
+    now = ctx.now
+    return any(now.schedulable[n] and (c.mask is None or c.mask[n]) and fits_on(now, n, c.req) for n in nodes)
 
 
 def _maybe_behind(ctx: Cycle, c: Candidate, lowest: dict[str, int]) -> None:

@@ -93,9 +93,15 @@ def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, d
     extra = shares[q]
     if extra is None:
         return
+    # one merged detail per shared detail (candidates of one shape share theirs); the original is
+    # kept in the value so that its id cannot be reused while this runs
+    merged: dict[int, tuple[dict, dict]] = {}
     for c in cands:
-        if c.code == Code.CAPACITY and c.amount[0] > 0:
-            c.code, c.detail = Code.FAIR_SHARE, {**c.detail, **extra}
+        if c.code is Code.CAPACITY and c.amount[0] > 0:
+            hit = merged.get(id(c.detail))
+            if hit is None:
+                hit = merged[id(c.detail)] = (c.detail, {**c.detail, **extra})
+            c.code, c.detail = Code.FAIR_SHARE, hit[1]
 
 
 def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, sides: set[str],
