@@ -59,11 +59,11 @@ class Scheduler:
                 t2 = clock()
                 ctx.result.actions_ms[name] = (t2 - t1) * 1e3
                 t1 = t2
-        for c in failed:  # still waiting after every action: the reason the last one gave
-            ctx.wait(c, c.code, c.detail)
-        for w in snapshot.workloads:
-            if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:
-                ctx.result.pending[w.id] = Pending(Code.NO_QUEUE, w.queue)
+        ctx.wait_all(failed)  # still waiting after every action: the reason the last one gave
+        if len(ctx.workloads) < len(snapshot.workloads):
+            for w in snapshot.workloads:
+                if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:
+                    ctx.result.pending[w.id] = Pending(Code.NO_QUEUE, w.queue)
         ctx.result.reservations = sorted([*ctx.reservations.values(), *ctx.settling.values()], key=SINCE)
         ctx.result.fair_share = ctx.fair
         ctx.result.allocated = {q: dict(zip(RESOURCES, ctx.alloc[q])) for q in ctx.tree.queues}

@@ -12,6 +12,7 @@ Two capacity views are kept per cycle:
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from typing import Callable, Iterable
 
 import numpy as np
@@ -26,6 +27,7 @@ from .victims import lost_gpu_seconds
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 _ID = operator.attrgetter("id")
+_REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 SINCE = operator.attrgetter("since", "workload")  # the order reservations are taken in and handed on
 PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
 _new_tuple = tuple.__new__  # Pending(...) without its Python-level __new__ (one per waiting workload)
@@ -131,10 +133,13 @@ class Candidate:
         return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE, Code.BEHIND)
 
 
+_RAW = operator.attrgetter("gpus", "gpu_memory", "cpu", "memory", "pods")
+
+
 def raw_key(w: Workload) -> tuple:
     """The request of a pending workload as plain values (cheaper than a Candidate)."""
     sel = w.node_selector
-    return (w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, tuple(sorted(sel.items())) if sel else ())
+    return _RAW(w) + (tuple(sorted(sel.items())),) if sel else _RAW(w)
 
 
 def fits_on(state: ClusterState, n: int, req: PodRequest) -> bool:
@@ -166,20 +171,35 @@ class Cycle:
         self._reqs: dict[tuple, PodRequest] = {}
         self._masks: dict[tuple, np.ndarray | None] = {}
         self._pending_amounts: dict[tuple, Vec] = {}
+        self._by_request: dict[tuple, Vec] = {}
         self._topology: list[tuple[str, np.ndarray]] | None = None
         self.amounts: dict[str, Vec] = {}
         leaf_alloc: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         leaf_rel: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         leaf_nonpre: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         demand_leaf: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
-        shape_count: dict[PodRequest, float] = {}
-        self.pending: list[Workload] = []
+        shape_count: dict[tuple, float] = {}
+        PENDING, RELEASING = Phase.PENDING, Phase.RELEASING
+        self.pending: list[Workload] = [w for w in self.workloads if w.phase is PENDING]
         self.running: list[Workload] = []
         releasing: list[Workload] = []
-        held: list[Workload] = []
-        amounts, pending, running = self.amounts, self.pending, self.running
-        PENDING, RELEASING = Phase.PENDING, Phase.RELEASING
-        for w in self.workloads:  # the hottest loop of the snapshot: kept flat
+        held: list[Workload] = [w for w in self.workloads if w.phase is not PENDING]
+        amounts, running = self.amounts, self.running
+        # Pending workloads (most of a busy snapshot) by request, counted in C: the amounts, demand
+        # and shapes are worked out once per distinct request.
+        keys = list(map(_REQUEST, self.pending))
+        for key, k in Counter(keys).items():
+            q, pods, gpus, gpu_memory, cpu, memory = key
+            amt = self._pending_amount_of(pods, gpus, gpu_memory, cpu, memory)
+            self._by_request[key] = amt
+            d = demand_leaf[q]
+            d[0] += k * amt[0]
+            d[1] += k * amt[1]
+            d[2] += k * amt[2]
+            rkey = (gpus, gpu_memory, cpu, memory)
+            shape_count[rkey] = shape_count.get(rkey, 0.0) + k * pods
+        amounts.update(zip(map(_ID, self.pending), map(self._by_request.__getitem__, keys)))
+        for w in held:  # the hottest loop of the snapshot: kept flat
             pl = w.placements
             if pl:
                 g = 0.0
@@ -196,11 +216,6 @@ class Cycle:
             d[2] += amt[2]
             rkey = (w.gpus, w.gpu_memory, w.cpu, w.memory)
             shape_count[rkey] = shape_count.get(rkey, 0.0) + w.pods
-            phase = w.phase
-            if phase == PENDING:
-                pending.append(w)
-                continue
-            held.append(w)
             v = leaf_alloc[q]
             v[0] += amt[0]
             v[1] += amt[1]
@@ -210,7 +225,7 @@ class Cycle:
                 v[0] += amt[0]
                 v[1] += amt[1]
                 v[2] += amt[2]
-            if phase == RELEASING:
+            if w.phase is RELEASING:
                 v = leaf_rel[q]
                 v[0] += amt[0]
                 v[1] += amt[1]
@@ -435,18 +450,18 @@ class Cycle:
         if w.placements:
             gpu = sum(len(p.gpus) * p.fraction for p in w.placements)
             return (gpu, w.cpu * w.pods, float(w.memory * w.pods))
-        key = (w.pods, w.gpus, w.gpu_memory, w.cpu, w.memory)
+        return self._pending_amount_of(w.pods, w.gpus, w.gpu_memory, w.cpu, w.memory)
+
+    def _pending_amount_of(self, pods: int, gpus: float, gpu_memory: int, cpu: float, memory: int) -> Vec:
+        key = (pods, gpus, gpu_memory, cpu, memory)
         amt = self._pending_amounts.get(key)
         if amt is None:
-            amt = self._pending_amounts[key] = self._pending_amount(w)
+            if gpu_memory > 0:
+                gpu = pods * min(1.0, gpu_memory / self.max_gpu_mem) if self.max_gpu_mem else float(pods)
+            else:
+                gpu = pods * gpus
+            amt = self._pending_amounts[key] = (gpu, cpu * pods, float(memory * pods))
         return amt
-
-    def _pending_amount(self, w: Workload) -> Vec:
-        if w.gpu_memory > 0:
-            gpu = w.pods * min(1.0, w.gpu_memory / self.max_gpu_mem) if self.max_gpu_mem else float(w.pods)
-        else:
-            gpu = w.pods * w.gpus
-        return (gpu, w.cpu * w.pods, float(w.memory * w.pods))
 
     def _account(self, w: Workload, amt: Vec, sign: int) -> None:
         for q in self.tree.path(w.queue):
@@ -593,6 +608,13 @@ class Cycle:
         """Record why a workload waits this cycle."""
         w = c if isinstance(c, Workload) else c.w
         self.result.pending[w.id] = _new_tuple(Pending, (code, w.queue, self._positions.get(w.id, 1), detail or {}))
+
+    def wait_all(self, cands: list[Candidate]) -> None:
+        """``wait`` for each of ``cands`` with the reason it carries."""
+        pending, positions = self.result.pending, self._positions
+        for c in cands:
+            w = c.w
+            pending[w.id] = _new_tuple(Pending, (c.code, w.queue, positions.get(w.id, 1), c.detail or {}))
 
     # -- binding ---------------------------------------------------------------------------------
     def bind(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:

@@ -20,6 +20,7 @@ from ..model import Phase, Workload
 from ..reasons import Code
 
 
+_ID = operator.attrgetter("id")
 _SUBMITTED = operator.attrgetter("submit_time", "id")
 _PRIORITY = operator.attrgetter("priority")
 
@@ -38,8 +39,7 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
     queues = by_queue(ctx.pending)
     positions = ctx.result.positions
     for lst in queues.values():
-        for pos, w in enumerate(lst, 1):
-            positions[w.id] = pos
+        positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))
     if ctx.reservations:
         held_in = {ctx.by_id[wid].queue for wid in ctx.reservations}
         holders = set(ctx.reservations)
@@ -161,6 +161,9 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
         check_quota = ctx.limited[q]
         path = ctx.tree.path(q)
         bound = False
+        # may a failure here make lower priorities of q wait? (see _maybe_behind; probed once)
+        low = lowest.get(q) if q not in ctx.probed else None
+        beyond: dict[float, bool] = {}  # amount -> above fair share somewhere on path (fixed until a bind)
         lo, hi = _same_rank(ctx, path, amounts[lst[i].id][0])  # the amounts that rank as this turn did
         while i < n and not bound:
             w = lst[i]
@@ -181,7 +184,9 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                 if template is not None:
                     c = template.like(w)
                     failed.append(c)
-                    _maybe_behind(ctx, c, lowest)
+                    if low is not None and w.priority > low:
+                        _maybe_behind(ctx, c, lowest)
+                        low = lowest.get(q) if q not in ctx.probed else None
                     continue
             c = ctx.candidate(w)
             block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
@@ -189,9 +194,13 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                 c.code, c.detail = block
                 failed.append(c)
                 continue
-            if deferred is not None and c.amount[0] > 0 and any(ctx.over(x, c.amount[0]) > EPS for x in path):
-                deferred.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
-                continue
+            if deferred is not None and c.amount[0] > 0:
+                over = beyond.get(c.amount[0])
+                if over is None:
+                    over = beyond[c.amount[0]] = any(ctx.over(x, c.amount[0]) > EPS for x in path)
+                if over:
+                    deferred.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
+                    continue
             shape = c.shape
             if shape not in dead:
                 st = Statement(ctx, ctx.now)
@@ -207,5 +216,6 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             dead_raw.setdefault(raw_key(w), c)
             failed.append(c)
             _maybe_behind(ctx, c, lowest)
+            low = lowest.get(q) if q not in ctx.probed else None
         if i < n:
             heapq.heappush(heap, (key(q, amounts[lst[i].id][0]), q, i))
