@@ -15,7 +15,6 @@ from . import pipeline
 
 
 def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
-    left: list[Candidate] = []
     protected: list[Workload] = []
     pool: dict[str, list[Workload]] = {}
     for v in ctx.preemptible_running(protected):
@@ -32,25 +31,25 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         if headroom[q] > EPS:
             todo.extend(lst)
             continue
-        left.extend(lst)  # at or above its fair share: nothing to reclaim for this queue
-        _above_share(ctx, q, lst, shares)
+        _above_share(ctx, q, lst, shares)  # at or above its fair share: nothing to reclaim for q
+    planned: set[int] = set()  # candidates taken out of the list (a plan in motion)
     for c in todo:
         w = c.w
         room = headroom[w.queue]
         amt = c.amount[0]
         if c.quota_bound or amt <= 0 or amt > room + EPS:
-            left.append(c)  # quota-bound, or the reclaimer would end above its fair share
+            # quota-bound, or the reclaimer would end above its fair share
             if amt > room + EPS:
                 _above_share(ctx, w.queue, [c], shares)
             continue
         if pipeline(ctx, c):
             headroom[w.queue] = room - amt
+            planned.add(id(c))
             continue
         key = (c.shape, w.queue)
         if key in tried:
             if tried[key]:
                 c.code, c.detail = tried[key]
-            left.append(c)
             continue
         budget = ReclaimBudget(ctx, w.queue, amt)
         sides = {p for p in pool if p != w.queue and budget.candidate_side(p)}
@@ -60,11 +59,9 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             tried[key] = why
             if why:
                 c.code, c.detail = why
-            left.append(c)
             continue
         opened = make_room(ctx, c, *found)
         if opened is None:
-            left.append(c)
             continue
         st, placements = opened
         victims = found[0]
@@ -78,8 +75,10 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         st.reserve(ctx.reservation_for(c, placements, Code.RECLAIMING, need=amt))
         st.commit()
         headroom[w.queue] = room - amt
+        planned.add(id(c))
         ctx.wait(c, Code.RECLAIMING, {"need": amt})
-    return left
+    # the others wait on, in the order they came (the order every action keeps)
+    return [c for c in failed if id(c) not in planned] if planned else failed
 
 
 def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, dict | None]) -> None:
