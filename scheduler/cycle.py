@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from itertools import repeat
 from typing import Callable, Iterable
 
 import numpy as np
@@ -100,9 +101,16 @@ class Statement:
 
 class Candidate:
     """A workload being tried this cycle, with its request resolved and, once it failed, why
-    (``code`` and ``detail``: see reasons.py)."""
+    (``code`` and ``detail``: see reasons.py).
 
-    __slots__ = ("w", "req", "amount", "mask", "shape", "code", "detail")
+    A failed candidate may stand for a *group*: ``more`` lists further workloads of the same
+    queue and request that failed the same way (``more_seq``: their places in the order), so
+    that the thousands of workloads of a busy cycle that wait for capacity cost one entry each
+    action, not one each. ``seq`` is the candidate's place in the order allocate tried them;
+    every list of failed candidates is sorted by ``seq``, and an action that treats candidates one
+    by one expands the groups it touches (``expand``) and goes through them in ``seq`` order."""
+
+    __slots__ = ("w", "req", "amount", "mask", "shape", "code", "detail", "seq", "more", "more_seq")
 
     def __init__(self, w: Workload, req: PodRequest, amount: Vec, mask: np.ndarray | None):
         self.w, self.req, self.amount, self.mask = w, req, amount, mask
@@ -111,13 +119,22 @@ class Candidate:
         self.shape = (req, w.pods, tuple(sorted(sel.items())) if sel else ())
         self.code: Code | None = None
         self.detail: dict = {}
+        self.seq = 0
+        self.more: list[Workload] | None = None
+        self.more_seq: list[int] | None = None
 
-    def like(self, w: Workload) -> "Candidate":
+    def like(self, w: Workload, seq: int = 0) -> "Candidate":
         """The same request and failure for another workload of the same shape."""
         c = Candidate.__new__(Candidate)
         c.w, c.req, c.amount, c.mask, c.shape = w, self.req, self.amount, self.mask, self.shape
-        c.code, c.detail = self.code, self.detail
+        c.code, c.detail, c.seq, c.more, c.more_seq = self.code, self.detail, seq, None, None
         return c
+
+    def members(self) -> list["Candidate"]:
+        """This candidate and, for a group, one candidate per further workload."""
+        if not self.more:
+            return [self]
+        return [self.like(self.w, self.seq), *map(self.like, self.more, self.more_seq)]
 
     def restricted(self, mask: np.ndarray | None) -> "Candidate":
         """The same candidate limited to the nodes of ``mask`` (None: unchanged)."""
@@ -128,12 +145,27 @@ class Candidate:
         return c
 
     @property
+    def top_priority(self) -> int:
+        """The highest priority among the workloads this candidate stands for."""
+        return max(self.w.priority, *(w.priority for w in self.more)) if self.more else self.w.priority
+
+    @property
     def quota_bound(self) -> bool:
         """Waiting for a reason no preemption on its behalf can remove this cycle."""
         return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE, Code.BEHIND)
 
 
 _RAW = operator.attrgetter("gpus", "gpu_memory", "cpu", "memory", "pods")
+
+
+SEQ = operator.attrgetter("seq")
+
+
+def expand(cands: Iterable[Candidate]) -> list[Candidate]:
+    """One candidate per workload, in the order allocate tried them."""
+    out = [m for c in cands for m in c.members()]
+    out.sort(key=SEQ)
+    return out
 
 
 def raw_key(w: Workload) -> tuple:
@@ -610,11 +642,16 @@ class Cycle:
         self.result.pending[w.id] = _new_tuple(Pending, (code, w.queue, self._positions.get(w.id, 1), detail or {}))
 
     def wait_all(self, cands: list[Candidate]) -> None:
-        """``wait`` for each of ``cands`` with the reason it carries."""
+        """``wait`` for each of ``cands`` (groups included) with the reason it carries."""
         pending, positions = self.result.pending, self._positions
         for c in cands:
             w = c.w
             pending[w.id] = _new_tuple(Pending, (c.code, w.queue, positions.get(w.id, 1), c.detail or {}))
+            if c.more:  # the group's other workloads: the same reason, each with its position
+                ids = list(map(_ID, c.more))
+                fields = zip(repeat(c.code), repeat(w.queue), map(positions.get, ids, repeat(1)),
+                             repeat(c.detail or {}))
+                pending.update(zip(ids, map(_new_tuple, repeat(Pending), fields)))
 
     # -- binding ---------------------------------------------------------------------------------
     def bind(self, c: Candidate, placements: tuple[PodPlacement, ...]) -> None:

@@ -46,10 +46,11 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
         _bind_holders(ctx)
         for q in held_in & queues.keys():
             queues[q] = [w for w in queues[q] if w.id not in holders]
-    failed = []
+    failed: list[Candidate] = []
     deferred: dict[str, list[Workload]] = {}
-    _allocate_pass(ctx, queues, failed, deferred)
-    _allocate_pass(ctx, deferred, failed, None)
+    groups: dict[tuple, Candidate] = {}
+    _allocate_pass(ctx, queues, failed, deferred, groups)
+    _allocate_pass(ctx, deferred, failed, None, groups)
     return failed
 
 
@@ -129,9 +130,11 @@ def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float,
 
 
 def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[Candidate],
-                   deferred: dict[str, list[Workload]] | None) -> None:
+                   deferred: dict[str, list[Workload]] | None, groups: dict[tuple, Candidate]) -> None:
     """One allocate pass. With ``deferred``, workloads that would take their queue above its fair
-    share are set aside there instead of tried.
+    share are set aside there instead of tried. Failures are appended to ``failed`` in the order
+    tried (``Candidate.seq``); a workload whose request already failed for capacity joins the
+    group of its queue and request in ``groups`` (see ``Candidate``).
 
     A queue keeps its turn through consecutive failures while its next workload ranks as the
     failed one did (the order between queues only changes when something binds, or when the next
@@ -139,6 +142,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     capacity only shrinks during allocate."""
     key = queue_order(ctx)
     amounts = ctx.amounts
+    seq = len(failed) + sum(len(c.more) for c in failed if c.more)  # the next place in the order
     heap = [(key(q, amounts[lst[0].id][0]), q, 0) for q, lst in queues.items() if lst]
     heapq.heapify(heap)
     dead = ctx.failed_shapes
@@ -176,22 +180,32 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             first = behind.get(q)
             if first is not None and w.priority < first:  # it would take what the preemption frees
                 c = ctx.candidate(w)
-                c.code, c.detail = Code.BEHIND, {"priority": first}
+                c.code, c.detail, c.seq = Code.BEHIND, {"priority": first}, seq
+                seq += 1
                 failed.append(c)
                 continue
             if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
-                template = dead_raw.get(raw_key(w))
+                rk = raw_key(w)
+                template = dead_raw.get(rk)
                 if template is not None:
-                    c = template.like(w)
-                    failed.append(c)
+                    g = groups.get((rk, q))
+                    if g is None:
+                        g = groups[(rk, q)] = template.like(w, seq)
+                        g.more, g.more_seq = [], []
+                        failed.append(g)
+                    else:
+                        g.more.append(w)
+                        g.more_seq.append(seq)
+                    seq += 1
                     if low is not None and w.priority > low:
-                        _maybe_behind(ctx, c, lowest)
+                        _maybe_behind(ctx, template.like(w), lowest)
                         low = lowest.get(q) if q not in ctx.probed else None
                     continue
             c = ctx.candidate(w)
             block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
             if block:
-                c.code, c.detail = block
+                c.code, c.detail, c.seq = block[0], block[1], seq
+                seq += 1
                 failed.append(c)
                 continue
             if deferred is not None and c.amount[0] > 0:
@@ -213,6 +227,8 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                     continue
                 dead.add(shape)
             c.code, c.detail = ctx.capacity_reason(c)
+            c.seq = seq
+            seq += 1
             dead_raw.setdefault(raw_key(w), c)
             failed.append(c)
             _maybe_behind(ctx, c, lowest)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cycle import Candidate, Cycle, Statement, fits_on
+from ..cycle import Candidate, Cycle, Statement, expand, fits_on
 from ..fairshare import EPS
 from ..model import MILLI, Evict, PodPlacement, Workload
 from ..reasons import Cause, Code
@@ -32,6 +32,7 @@ MAX_GANG_MOVERS = 64  # movers considered for one gang (the least costly, on the
 def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     if not any(c.code == Code.FRAGMENTED for c in failed):
         return failed
+    failed = expand(failed)  # one by one from here
     left: list[Candidate] = []
     # a workload that a waiting higher-priority workload of its own queue may preempt is not moved:
     # it would be evicted twice in a row

@@ -9,7 +9,7 @@ back at least what the preemptor would take beyond the limit.
 """
 from __future__ import annotations
 
-from ..cycle import Candidate, Cycle
+from ..cycle import SEQ, Candidate, Cycle, expand
 from ..fairshare import EPS
 from ..model import Evict, Workload
 from ..plan import Budget, make_room, plan
@@ -41,10 +41,22 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     # reclaim pressure: a queue below its fair share still waits, or reclaimed this cycle
     pressure = any(e.cause == Cause.RECLAIM.value for e in ctx.result.evictions) or any(
         not c.quota_bound and c.amount[0] > 0 and ctx.over(c.w.queue) < -EPS for c in failed)
+    # candidates none of whose workloads may preempt wait on as they are (groups too); the others
+    # are tried one by one, in order
+    todo: list[Candidate] = []
     for c in failed:
-        w = c.w
         if (c.code in (Code.NON_PREEMPTIBLE, Code.BEHIND) or (c.amount[0] <= 0 and c.amount[1] <= 0)
-                or lowest.get(w.queue, w.priority) >= w.priority
+                or lowest.get(c.w.queue, c.top_priority) >= c.top_priority):
+            left.append(c)
+        else:
+            todo.append(c)
+    if not todo:
+        return left
+    if any(c.more for c in todo):
+        todo = expand(todo)
+    for c in todo:
+        w = c.w
+        if (lowest.get(w.queue, w.priority) >= w.priority
                 or (pressure and ctx.over(w.queue) > EPS)):
             left.append(c)  # (a borrowing queue swaps nothing while its loans are being recalled)
             continue
@@ -80,4 +92,5 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         st.reserve(ctx.reservation_for(c, placements, Code.PREEMPTING))
         st.commit()
         ctx.wait(c, Code.PREEMPTING)
+    left.sort(key=SEQ)
     return left

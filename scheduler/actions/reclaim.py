@@ -6,7 +6,7 @@ now and being released) until it binds: see docs/scheduling.md, "Reservations".
 """
 from __future__ import annotations
 
-from ..cycle import Candidate, Cycle
+from ..cycle import SEQ, Candidate, Cycle, expand
 from ..fairshare import EPS
 from ..model import Evict, Workload
 from ..plan import ReclaimBudget, make_room, plan
@@ -25,11 +25,13 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     for c in failed:
         groups.setdefault(c.w.queue, []).append(c)
     todo: list[Candidate] = []
+    below: set[str] = set()  # queues below their fair share: their candidates are tried one by one
     shares: dict[str, dict | None] = {}
     for q, lst in groups.items():
         headroom[q] = -ctx.over(q)
         if headroom[q] > EPS:
-            todo.extend(lst)
+            below.add(q)
+            todo.extend(expand(lst))
             continue
         _above_share(ctx, q, lst, shares)  # at or above its fair share: nothing to reclaim for q
     planned: set[int] = set()  # candidates taken out of the list (a plan in motion)
@@ -78,7 +80,12 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         planned.add(id(c))
         ctx.wait(c, Code.RECLAIMING, {"need": amt})
     # the others wait on, in the order they came (the order every action keeps)
-    return [c for c in failed if id(c) not in planned] if planned else failed
+    if not todo:
+        return failed
+    left = [c for c in failed if c.w.queue not in below]
+    left.extend(c for c in todo if id(c) not in planned)
+    left.sort(key=SEQ)
+    return left
 
 
 def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, dict | None]) -> None:
