@@ -24,10 +24,12 @@ def fuzz_hub(tmp: Path) -> Hub:
     return Hub(tmp, users=["alice", "bob"], admins=["admin"], gpupool=SETTINGS)
 
 
-def run_schemathesis(hub: Hub, tokens: dict[str, str], total: int, seed: int = 9) -> dict:
+def run_schemathesis(hub: Hub, tokens: dict[str, str], total: int, seed: int = 9,
+                     per_operation: dict[str, dict[str, int]] | None = None) -> dict:
     """Requests generated from ``GET api/v1/openapi.json`` (valid and invalid ones, in equal parts)
     with the tokens of two users and an admin in turn, every answer checked: no 5xx, and status,
-    content type, headers and body as the document says. Returns counts; raises on the first failure."""
+    content type, headers and body as the document says. Returns counts by status (and fills
+    ``per_operation``: ``"GET /usage"`` -> counts by status); raises on the first failure."""
     import requests
     import schemathesis
     from schemathesis import checks as K
@@ -46,18 +48,19 @@ def run_schemathesis(hub: Hub, tokens: dict[str, str], total: int, seed: int = 9
         if missing <= 0:
             break
         _round(operations, max(1, -(-missing // (2 * len(operations)))), seed + round_, who, tokens, session,
-               checks, counts)
+               checks, counts, per_operation if per_operation is not None else {})
     return counts
 
 
 def _round(operations: list, per_op: int, seed: int, who: list[str], tokens: dict[str, str], session: Any,
-           checks: list, counts: dict[str, int]) -> None:
+           checks: list, counts: dict[str, int], per_operation: dict[str, dict[str, int]]) -> None:
     """One pass: ``per_op`` valid and ``per_op`` invalid requests per operation."""
     from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, strategies as st
     from hypothesis.errors import Unsatisfiable
     from schemathesis.generation import GenerationMode
 
     for op in operations:
+        mine = per_operation.setdefault(f"{op.method.upper()} {op.path}", {})
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @hseed(seed)
             @settings(max_examples=per_op, deadline=None, database=None, derandomize=False,
@@ -69,6 +72,7 @@ def _round(operations: list, per_op: int, seed: int, who: list[str], tokens: dic
                 case.validate_response(resp, checks=checks, headers=headers)
                 key = f"{resp.status_code}"
                 counts[key] = counts.get(key, 0) + 1
+                mine[key] = mine.get(key, 0) + 1
 
             try:
                 one()
