@@ -42,24 +42,33 @@ def run_schemathesis(hub: Hub, tokens: dict[str, str], total: int, seed: int = 9
     checks = [K.not_a_server_error, K.status_code_conformance, K.content_type_conformance,
               K.response_headers_conformance, K.response_schema_conformance]
     # operations with little input (health) run out of distinct cases early: passes with new seeds
-    # until the total is reached
-    for round_ in range(6):
+    # over the operations that still had cases to give, until the total is reached
+    active = operations
+    for round_ in range(MAX_ROUNDS):
         missing = total - sum(counts.values())
         if missing <= 0:
             break
-        _round(operations, max(1, -(-missing // (2 * len(operations)))), seed + round_, who, tokens, session,
-               checks, counts, per_operation if per_operation is not None else {})
+        per_op = max(1, -(-missing // (2 * len(active))))
+        made = _round(active, per_op, seed + round_, who, tokens, session, checks, counts,
+                      per_operation if per_operation is not None else {})
+        active = [op for op, n in zip(active, made) if n >= per_op] or active  # half of what was asked
     return counts
 
 
+MAX_ROUNDS = 30
+
+
 def _round(operations: list, per_op: int, seed: int, who: list[str], tokens: dict[str, str], session: Any,
-           checks: list, counts: dict[str, int], per_operation: dict[str, dict[str, int]]) -> None:
-    """One pass: ``per_op`` valid and ``per_op`` invalid requests per operation."""
+           checks: list, counts: dict[str, int], per_operation: dict[str, dict[str, int]]) -> list[int]:
+    """One pass: ``per_op`` valid and ``per_op`` invalid requests per operation; returns how many
+    requests each operation made (fewer when it ran out of distinct cases)."""
     from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, strategies as st
     from hypothesis.errors import Unsatisfiable
     from schemathesis.generation import GenerationMode
 
+    made = []
     for op in operations:
+        before = sum(counts.values())
         mine = per_operation.setdefault(f"{op.method.upper()} {op.path}", {})
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @hseed(seed)
@@ -78,3 +87,5 @@ def _round(operations: list, per_op: int, seed: int, who: list[str], tokens: dic
                 one()
             except Unsatisfiable:  # no invalid request exists (an operation without input)
                 assert mode is GenerationMode.NEGATIVE, op.label
+        made.append(sum(counts.values()) - before)
+    return made
