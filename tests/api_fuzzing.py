@@ -89,3 +89,40 @@ def _round(operations: list, per_op: int, seed: int, who: list[str], tokens: dic
                 assert mode is GenerationMode.NEGATIVE, op.label
         made.append(sum(counts.values()) - before)
     return made
+
+
+# ------------------------------------------------------------------ answers against the document
+
+def validator(doc: dict, schema: dict) -> Any:
+    """A JSON Schema validator for ``schema``, whose references point into ``doc``'s components."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
+
+
+def operation(doc: dict, method: str, path: str) -> dict:
+    """The document's operation for ``method`` on ``path`` (relative to the API, e.g. ``/jobs/j-1``)."""
+    import re
+
+    for template, ops in doc["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", template), path) and method.lower() in ops:
+            return ops[method.lower()]
+    raise AssertionError(f"{method} {path}: not in the OpenAPI document")
+
+
+def check_documented(doc: dict, resp: Any) -> None:
+    """The service's answer ``resp`` (a requests.Response) is one the document describes: its
+    status, its media type and, for JSON, its body."""
+    from urllib.parse import urlsplit
+
+    path = urlsplit(resp.request.url).path
+    prefix = doc["servers"][0]["url"].rstrip("/")
+    assert path.startswith(prefix), (path, prefix)
+    method = resp.request.method
+    answer = operation(doc, method, path[len(prefix):].rstrip("/") or "/")["responses"].get(str(resp.status_code))
+    assert answer is not None, (method, path, resp.status_code, resp.text[:300])
+    media = resp.headers["Content-Type"].split(";")[0]
+    assert media in answer["content"], (method, path, media, list(answer["content"]))
+    if media == "application/json":
+        errors = list(validator(doc, answer["content"][media]["schema"]).iter_errors(resp.json()))
+        assert not errors, (method, path, resp.status_code, errors[0].message, errors[0].json_path)
