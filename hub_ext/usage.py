@@ -39,9 +39,9 @@ class ReportError(ValueError):
         self.field, self.reason = field, reason
 
 
-# the dates a report or history may name: from the epoch to the last day a calendar period of
-# which still ends in year 9999 (a date in year 1 or 10000 has no ISO text, a week or a month
-# after it none either)
+# the dates a report or history may name: no GPU was used before the epoch, and up to 9999-12-01
+# every instant a report shows, and the day, week and month around it, is a date Python can write
+# (its calendar stops at 9999-12-31: one day later was a 500)
 EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(9999, 12, 1, tzinfo=timezone.utc)
 
 
