@@ -9,7 +9,8 @@ defines (the workload kinds, byte quantities) is re-exported here, never re-decl
 * the public ids of jobs and workspaces (``j-000042``) and their limits;
 * the error payload every non-2xx JSON answer carries;
 * allocations as the API sends them, and how a person reads one;
-* quantities in words: bytes (``8Gi``) and GPUs (``0.5 GPU``, ``2 GPUs``, ``0 GPUs (CPU only)``).
+* quantities in words: bytes (``8Gi``) and GPUs (``0.5 GPU``, ``2 GPUs``, ``0 GPUs (CPU only)``);
+* the groupings of usage reports (``GET usage?by=``).
 """
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def reason_code(pending: object) -> str | None:
     code = getattr(pending, "code", None)
     return code.value if isinstance(code, Code) else None
 
+
+# -- usage reports (``GET usage?by=``, ``gpupool report --by``) ------------------------------
+USAGE_PERIODS = ("day", "week", "month")  # calendar periods, in UTC
+USAGE_GROUPS = ("user", "queue", "department", "model", "node", "kind", *USAGE_PERIODS)
+DEFAULT_USAGE_GROUP = "user"
 
 # -- ids -------------------------------------------------------------------------------------
 JOB, WORKSPACE = "job", "workspace"
@@ -156,6 +162,6 @@ __all__ = [
     "INFERENCE", "JOB_KINDS", "Code", "IN_MOTION", "REASON_CODES", "reason_code", "DEFAULT_JOB_KIND", "JOB",
     "WORKSPACE", "JOB_ID_PATTERN", "public_id", "parse_public_id", "MAX_NAME", "MAX_PATH", "MAX_GPUS", "MAX_ARGS",
     "MAX_PODS", "MAX_CPU", "MAX_BYTES", "PRIORITY_RANGE", "INT64",
-    "MAX_LIST", "error_payload", "read_error", "Placement", "allocation_from_api", "allocation_to_api",
+    "MAX_LIST", "USAGE_PERIODS", "USAGE_GROUPS", "DEFAULT_USAGE_GROUP", "error_payload", "read_error", "Placement", "allocation_from_api", "allocation_to_api",
     "describe_allocation", "format_bytes", "parse_bytes", "format_gpus", "format_request",
 ]

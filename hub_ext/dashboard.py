@@ -137,8 +137,11 @@ def _handlers() -> tuple[type, type, type]:
                     else now - 7 * DAY
                 with self.svc.sessions() as s:
                     doc = U.report(s, since, now, by, now, user=None if admin else name)
-            except U.ReportError as e:
-                raise web.HTTPError(400, str(e)) from None
+            except U.ReportError as e:  # a link people follow: the message as text, not a bare "Bad Request"
+                self.set_status(400)
+                self.set_header("Content-Type", "text/plain; charset=utf-8")
+                self.finish(f"{e}\n")
+                return
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition", f'attachment; filename="gpupool-usage-by-{by}.csv"')
             self.finish(U.to_csv(doc))

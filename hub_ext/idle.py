@@ -49,7 +49,7 @@ from . import db as D
 from . import ledger as L
 from . import sampling as S
 from .periodic import Periodic
-from ..contract import INTERACTIVE, JOB_KINDS
+from ..contract import ID_DIGITS, INTERACTIVE, JOB_KINDS
 
 log = logging.getLogger("gpupool.idle")
 
@@ -395,6 +395,7 @@ def _iso(t: float) -> str:
 
 # ---------------------------------------------------------------------------------- the API
 from .api import APIError, BaseHandler  # noqa: E402 (handlers; api.py does not import this module)
+from . import schemas as Q  # noqa: E402
 
 
 def suspension_view(sus: Suspension) -> dict:
@@ -405,20 +406,24 @@ def suspension_view(sus: Suspension) -> dict:
             "resumed_by": sus.resumed_by}
 
 
+SUSPENSION_ID = rf"[0-9]{{1,{ID_DIGITS}}}"  # as job ids: what a database integer holds for sure
+
+
 class SuspensionsHandler(BaseHandler):
     """``GET suspensions[?user=U&all=1]``: own (admins: everyone's); not yet resumed unless all=1."""
 
     def get(self) -> None:
         self.require_user_token()
+        args = self.query(Q.SuspensionsQuery)
         q = select(Suspension).order_by(Suspension.id)
-        user = self.get_argument("user", None)
+        user = args.user
         if not self.ident.admin:
             if user and user != self.ident.name:
                 raise APIError(403, "user: you may only see your own suspensions", "user")
             user = self.ident.name
         if user:
             q = q.where(Suspension.user == user)
-        if self.get_argument("all", "") not in ("1", "true"):
+        if not args.all:
             q = q.where(Suspension.resumed_at.is_(None))
         with self.svc.sessions() as s:
             self.send({"suspensions": [suspension_view(x) for x in s.scalars(q)]})
@@ -432,7 +437,7 @@ class ResumeHandler(BaseHandler):
 
         self.require_user_token()
         with self.svc.sessions() as s:
-            sus = s.get(Suspension, int(sid)) if sid.isdigit() else None
+            sus = s.get(Suspension, int(sid)) if re.fullmatch(SUSPENSION_ID, sid) else None
             if sus is None:
                 raise APIError(404, f"no suspension {sid!r}")
             if not (self.ident.admin or self.ident.name == sus.user):

@@ -16,12 +16,14 @@ from pydantic.json_schema import models_json_schema
 
 from .. import __version__ as _version
 from .. import contract as C
+from . import ADMIN_SCOPE
 from . import schemas as S
 
 REF = "#/components/schemas/{model}"
 _ERRORS = {400: "bad input: `field` names it", 401: "no token, or a token the hub does not accept",
-           403: "no gpupool scope, or not yours", 404: "no such job or workspace",
-           503: "the database refused the request (try again)"}
+           403: "no gpupool scope, or not yours", 404: "no such job, workspace or suspension",
+           409: "already resumed, or the hub refused to start the server (e.g. it runs already)",
+           502: "the hub could not be reached or failed", 503: "the database refused the request (try again)"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Op:
     auth: bool = True
     headers: dict[str, str] = field(default_factory=dict)
     example: dict | None = None
+    also: tuple[str, ...] = ()  # other media types of the answer (text)
+    admin: bool = False  # needs the admin scope (security names it)
 
 
 _NOTEBOOK = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
@@ -68,14 +72,26 @@ OPERATIONS = (
     *(op for suffix in ("/workspaces/{user}", "/workspaces/{user}/{server}") for op in (
         Op("get", suffix, "A workspace (its owner or an admin)", S.Workspace, errors=(401, 403, 404)),
         Op("post", suffix, "Ask for admission of a server (admin: the spawner); 201 new, 200 the same request",
-           S.Workspace, 201, body=S.WorkspaceRequest, errors=(400, 401, 403, 503), example={"gpus": 1}),
-        Op("delete", suffix, "Free a workspace's GPUs (admin: the spawner)", S.Workspace, errors=(401, 403, 404)),
+           S.Workspace, 201, body=S.WorkspaceRequest, errors=(400, 401, 403, 503), example={"gpus": 1}, admin=True),
+        Op("delete", suffix, "Free a workspace's GPUs (admin: the spawner)", S.Workspace, errors=(401, 403, 404),
+           admin=True),
     )),
+    Op("get", "/usage", "GPU-hours allocated and used, grouped (yours; admins: everyone's or user's)", S.Usage,
+       query=S.UsageQuery, errors=(400, 401, 403), also=("text/csv",),
+       headers={"Content-Disposition": "with format=csv: attachment; filename=gpupool-usage-by-<by>.csv"}),
+    Op("get", "/usage/history", "Stored NVML readings per GPU (of one workload: its owner or an admin)",
+       S.UsageHistory, query=S.UsageHistoryQuery, errors=(400, 401, 403, 404)),
+    Op("get", "/suspensions", "Workspaces suspended by an idle rule or their maximum run time (yours; admins: "
+       "everyone's)", S.SuspensionList, query=S.SuspensionsQuery, errors=(400, 401, 403)),
+    Op("post", "/suspensions/{suspension_id}/resume", "Start a suspended server again with the same options "
+       "(its owner or an admin)", S.Suspension, 202, errors=(401, 403, 404, 409, 502)),
 )
 _PATH_PARAMS = {
     "job_id": {"type": "string", "pattern": C.JOB_ID_PATTERN, "description": "a job id such as j-000042"},
     "user": {"type": "string", "description": "a JupyterHub user name"},
     "server": {"type": "string", "description": "a named server ('' is the default server)"},
+    "suspension_id": {"type": "string", "pattern": rf"^[0-9]{{1,{C.ID_DIGITS}}}$",
+                      "description": "a suspension's id (GET suspensions)"},
 }
 
 
@@ -120,6 +136,7 @@ def _document(server: str, queues: tuple[str, ...]) -> dict:
             content = {"application/json": {"schema": {"$ref": REF.format(model=op.answer.__name__)}}}
         else:
             content = {op.answer: {"schema": {"type": "object"} if "json" in op.answer else {"type": "string"}}}
+        content.update({media: {"schema": {"type": "string"}} for media in op.also})
         ok: dict[str, Any] = {"description": op.summary, "content": content}
         if op.headers:
             ok["headers"] = {h: {"description": d, "schema": {"type": "string"}} for h, d in op.headers.items()}
@@ -133,6 +150,9 @@ def _document(server: str, queues: tuple[str, ...]) -> dict:
                                      "parameters": params, "responses": responses}
         if not op.auth:
             operation["security"] = []
+        elif op.admin:  # OpenAPI 3.1: the roles a bearer token needs
+            operation["security"] = [{"token": [ADMIN_SCOPE]}]
+            operation["description"] = f"Needs the {ADMIN_SCOPE} scope."
         if op.body is not None:
             media: dict[str, Any] = {"schema": {"$ref": REF.format(model=op.body.__name__)}}
             if op.example:

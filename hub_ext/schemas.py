@@ -16,7 +16,7 @@ import math
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError,
-                      WithJsonSchema, field_validator)
+                      ValidationInfo, WithJsonSchema, field_validator)
 
 from .. import contract as C
 from ..scheduler.units import parse_cpu
@@ -74,6 +74,23 @@ Notebook = Annotated[dict[str, Any], WithJsonSchema({
     "type": "object", "required": ["cells", "nbformat"], "description": "an nbformat 4 notebook",
     "properties": {"nbformat": {"const": 4}, "nbformat_minor": {"type": "integer"}, "metadata": {"type": "object"},
                    "cells": {"type": "array", "items": {"type": "object"}}}})]
+
+
+def _time(value: Any, info: ValidationInfo) -> float:
+    from .usage import ReportError, parse_time  # usage.py's handlers import this module
+
+    if not isinstance(value, str):
+        raise ValueError("must be a date such as 2026-11-01 or 2026-11-01T08:00Z")
+    try:
+        return parse_time(value, info.field_name or "time")
+    except ReportError as e:
+        raise ValueError(e.reason) from None
+
+
+Time = Annotated[float, PlainValidator(_time), WithJsonSchema({
+    "anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}],
+    "examples": ["2026-11-01", "2026-11-01T08:00:00Z"],
+    "description": "a date (midnight UTC) or an ISO 8601 time, 1970-01-01 to 9999-12-01"})]
 
 
 class Request(BaseModel):
@@ -195,6 +212,44 @@ class LogQuery(RankQuery):
 
 class QueuesQuery(Query):
     user: Optional[Name] = Field(None, description="accepted for the spawner; the answer is the caller's view")
+
+
+class StrictQuery(Query):
+    """Query arguments of a report: an unknown one is a 400 (a misspelt filter would change the
+    numbers silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class UsageQuery(StrictQuery):
+    """``GET usage?...``."""
+
+    since: Optional[Time] = Field(None, description="default: the start of until's month (UTC)")
+    until: Optional[Time] = Field(None, description="default: now")
+    by: Literal[C.USAGE_GROUPS] = Field(C.DEFAULT_USAGE_GROUP,  # type: ignore[valid-type]
+                                        description="the grouping: one row per group")
+    user: Optional[Name] = Field(None, description="only this user's usage (others than admins: only their own)")
+    queue: Optional[Name] = Field(None, description="only this leaf queue's usage")
+    format: Literal["json", "csv"] = Field("json", description="csv: a text/csv download")
+
+
+class UsageHistoryQuery(StrictQuery):
+    """``GET usage/history?...``."""
+
+    since: Optional[Time] = Field(None, description="default: a day before until")
+    until: Optional[Time] = Field(None, description="default: now")
+    node: Optional[Name] = Field(None, description="only this node's GPUs")
+    gpu: Optional[Annotated[int, Field(ge=0, le=C.INT64[1], description="only this GPU index (on every node "
+                                                                        "unless node is given)")]] = None
+    workload: Optional[Name] = Field(None, description="only the GPUs a workload (j-000042, w-000007) held, while "
+                                                       "it held them (its owner or an admin)")
+
+
+class SuspensionsQuery(Query):
+    """``GET suspensions?...``."""
+
+    user: Optional[Name] = Field(None, description="admins: whose suspensions (others: only their own)")
+    all: Annotated[bool, Field(description="also the resumed ones")] = False
 
 
 # ---------------------------------------------------------------------------- answers
@@ -343,6 +398,62 @@ class Health(Answer):
     cycles: int
 
 
+class UsageRow(Answer):
+    """GPU-hours of one group; the group's name is under the grouping's key (``"user": "alice"``,
+    ``"day": "2026-11-02"``; ``"total"`` in the total)."""
+
+    allocated_gpu_hours: float = Field(ge=0)
+    used_gpu_hours: Optional[float] = Field(description="null: no NVML reading covered the allocation (unknown)")
+    measured_gpu_hours: float = Field(ge=0, description="the allocated GPU-hours that had readings")
+    utilization: Optional[float] = Field(description="percent: used / measured; null when unknown")
+    workloads: int = Field(ge=0)
+
+
+class Usage(Answer):
+    since: str
+    until: str
+    by: Literal[C.USAGE_GROUPS]  # type: ignore[valid-type]
+    user: Optional[str] = Field(description="whose usage (null: everyone's, for admins)")
+    rows: list[UsageRow]
+    total: UsageRow
+
+
+class Reading(Answer):
+    t: str = Field(description="the start of the period the reading covers")
+    seconds: float
+    utilization: Optional[float]
+    memory_used: Optional[int]
+
+
+class GpuSeries(Answer):
+    node: str
+    gpu: int
+    points: list[Reading]
+
+
+class UsageHistory(Answer):
+    since: str
+    until: str
+    workload: Optional[str]
+    series: list[GpuSeries]
+
+
+class Suspension(Answer):
+    id: int
+    user: str
+    server: str
+    workload: str
+    options: dict[str, Any] = Field(description="what the server asked for: resuming starts it with these")
+    reason: str
+    suspended_at: str
+    resumed_at: Optional[str]
+    resumed_by: Optional[str]
+
+
+class SuspensionList(Answer):
+    suspensions: list[Suspension]
+
+
 # ---------------------------------------------------------------------------- errors -> 400
 
 class Invalid(Exception):
@@ -362,7 +473,8 @@ def _words(err: dict, model: type[BaseModel]) -> str:
     if kind == "missing":
         return "is required"
     if kind == "extra_forbidden":
-        return f"unknown field (allowed: {', '.join(sorted(model.model_fields))})"
+        what = "parameter" if issubclass(model, Query) else "field"
+        return f"unknown {what} (allowed: {', '.join(sorted(model.model_fields))})"
     if kind.startswith("int_"):
         return "must be an integer"
     if kind == "finite_number":

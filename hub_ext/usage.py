@@ -26,22 +26,28 @@ from sqlalchemy import or_, select
 
 from . import ledger as L
 from . import sampling as S
-
-GROUPS = ("user", "queue", "department", "model", "node", "kind", "day", "week", "month")
-PERIODS = ("day", "week", "month")
+from ..contract import USAGE_GROUPS as GROUPS
+from ..contract import USAGE_PERIODS as PERIODS
 COLUMNS = ("allocated_gpu_hours", "used_gpu_hours", "measured_gpu_hours", "utilization", "workloads")
 
 
 class ReportError(ValueError):
-    """Bad report parameters; ``field`` names the one at fault."""
+    """Bad report parameters; ``field`` names the one at fault, ``reason`` says what is wrong."""
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+# the dates a report or history may name: no GPU was used before the epoch, and up to 9999-12-01
+# every instant a report shows, and the day, week and month around it, is a date Python can write
+# (its calendar stops at 9999-12-31: one day later was a 500)
+EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=timezone.utc), datetime(9999, 12, 1, tzinfo=timezone.utc)
 
 
 def parse_time(text: str, field: str) -> float:
-    """``2026-11-01`` (midnight UTC), ``2026-11-01T12:00[:00][Z|+01:00]`` -> epoch seconds."""
+    """``2026-11-01`` (midnight UTC), ``2026-11-01T12:00[:00][Z|+01:00]`` -> epoch seconds, between
+    :data:`EARLIEST` and :data:`LATEST`."""
     t = text.strip()
     try:
         dt = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith("Z") else t)
@@ -49,6 +55,8 @@ def parse_time(text: str, field: str) -> float:
         raise ReportError(field, f"{text!r} is not a date (use e.g. 2026-11-01 or 2026-11-01T08:00Z)") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
+    if not EARLIEST <= dt <= LATEST:
+        raise ReportError(field, f"must be between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d} (UTC)")
     return dt.timestamp()
 
 
@@ -261,6 +269,7 @@ def _iso(t: float) -> str:
 
 # ---------------------------------------------------------------------------------- GET usage
 from .api import APIError, BaseHandler  # noqa: E402 (the handlers below; api.py does not import this module)
+from . import schemas as Q  # noqa: E402
 
 
 class UsageHandler(BaseHandler):
@@ -272,30 +281,22 @@ class UsageHandler(BaseHandler):
         self.require_user_token()
         ident = self.ident
         now = time.time()
-        args = {k: self.get_argument(k, None) for k in ("since", "until", "by", "user", "queue", "format")}
-        for key in self.request.arguments:
-            if key not in args:
-                raise APIError(400, f"{key}: unknown parameter (allowed: {', '.join(args)})", key)
-        user = args["user"]
+        args = self.query(Q.UsageQuery)
+        user = args.user
         if not ident.admin:
             if user and user != ident.name:
                 raise APIError(403, "user: you may only see your own usage (admins see everyone's)", "user")
             user = ident.name
-        fmt = args["format"] or "json"
-        if fmt not in ("json", "csv"):
-            raise APIError(400, "format: must be json or csv", "format")
+        until = args.until if args.until is not None else now
+        # default: the current month (of until)
+        since = args.since if args.since is not None else period_start(until - 1e-6, "month").timestamp()
         try:
-            until = parse_time(args["until"], "until") if args["until"] else now
-            if args["since"]:
-                since = parse_time(args["since"], "since")
-            else:  # the current month
-                since = period_start(until - 1e-6, "month").timestamp()
             with self.svc.sessions() as s:
-                doc = report(s, since, until, args["by"] or "user", now, user=user, queue=args["queue"] or None)
+                doc = report(s, since, until, args.by, now, user=user, queue=args.queue or None)
         except ReportError as e:
             raise APIError(400, str(e), e.field) from None
         doc["user"] = user
-        if fmt == "csv":
+        if args.format == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition", f'attachment; filename="gpupool-usage-by-{doc["by"]}.csv"')
             self.finish(to_csv(doc))
@@ -311,35 +312,26 @@ class UsageHistoryHandler(BaseHandler):
         import time
 
         from . import db as D
-
         self.require_user_token()
-        args = {k: self.get_argument(k, None) for k in ("since", "until", "node", "gpu", "workload")}
-        for key in self.request.arguments:
-            if key not in args:
-                raise APIError(400, f"{key}: unknown parameter (allowed: {', '.join(args)})", key)
-        now = time.time()
-        try:
-            until = parse_time(args["until"], "until") if args["until"] else now
-            since = parse_time(args["since"], "since") if args["since"] else until - 86400
-        except ReportError as e:
-            raise APIError(400, str(e), e.field) from None
-        gpu = None
-        if args["gpu"] is not None:
-            if not args["gpu"].isdigit():
-                raise APIError(400, "gpu: must be a GPU index (0, 1, ...)", "gpu")
-            gpu = int(args["gpu"])
+        args = self.query(Q.UsageHistoryQuery)
+        until = args.until if args.until is not None else time.time()
+        since = args.since if args.since is not None else until - 86400
+        if until <= since:
+            raise APIError(400, "until: must be after since", "until")
         with self.svc.sessions() as s:
-            if args["workload"]:
-                parsed = D.parse_public_id(args["workload"])
+            if args.workload:
+                parsed = D.parse_public_id(args.workload)
                 row = s.get(D.Workload, parsed[1]) if parsed else None
+                if row is not None and row.type != parsed[0]:  # j-5 is not w-5
+                    row = None
                 owner = row.user if row is not None else s.scalar(
-                    select(L.TABLE.c.user).where(L.TABLE.c.workload == args["workload"]).limit(1))
+                    select(L.TABLE.c.user).where(L.TABLE.c.workload == args.workload).limit(1))
                 if owner is None:
-                    raise APIError(404, f"no workload {args['workload']!r}", "workload")
+                    raise APIError(404, f"no workload {args.workload!r}", "workload")
                 if not (self.ident.admin or owner == self.ident.name):
-                    raise APIError(403, f"workload {args['workload']} belongs to another user", "workload")
-            series = history(s, since, until, args["node"], gpu, args["workload"])
-        self.send({"since": _iso(since), "until": _iso(until), "workload": args["workload"], "series": series})
+                    raise APIError(403, f"workload {args.workload} belongs to another user", "workload")
+            series = history(s, since, until, args.node, args.gpu, args.workload)
+        self.send({"since": _iso(since), "until": _iso(until), "workload": args.workload, "series": series})
 
 
 def routes(prefix: str) -> list[tuple]:

@@ -45,6 +45,7 @@ def test_no_adapter_declares_statuses_kinds_or_formatters_again():
         "a kind list": r'"train",\s*"hpo-trial"|"hpo-trial",\s*"inference"',
         "a byte formatter": r'\("Gi",\s*2\s*\*\*\s*30\)',
         "a GPU-count formatter": r'GPU"\s*\+\s*\(\s*"s"|GPU\{\'s\'',
+        "a usage grouping list": r'"queue",\s*"department"|"day",\s*"week",\s*"month"',
     }
     found = []
     for top in ADAPTERS:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from api_fuzzing import check_documented
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
 
 QUEUES = [{"name": "research", "deserved": {"gpu": 2}},
@@ -136,8 +137,14 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     _wait_ready(hub, "alice")
     ws3 = hub.api("GET", "workspaces/alice", alice).json()
     assert (ws3["status"], ws3["gpus"], ws3["queue"]) == ("running", 1, "vision")
-    assert hub.api("GET", "suspensions?all=1", alice).json()["suspensions"][1]["resumed_by"] == "admin"
-    assert hub.api("POST", "suspensions/999/resume", alice).status_code == 404
+    listed = hub.api("GET", "suspensions?all=1", alice)
+    assert listed.json()["suspensions"][1]["resumed_by"] == "admin"
+    unknown = hub.api("POST", "suspensions/999/resume", alice)
+    assert unknown.status_code == 404
+    # the answers with real suspensions in them are the ones the OpenAPI document describes
+    doc = hub.api("GET", "openapi.json").json()
+    for resp in (listed, again, r, unknown):
+        check_documented(doc, resp)
     assert "Traceback" not in hub.service_log()
 
 

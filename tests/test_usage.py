@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from api_fuzzing import check_documented
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
 from test_cli import run
 
@@ -175,8 +176,11 @@ def hub(scenario, tmp_path_factory):
 def test_usage_api_admins_see_all_users_their_own(hub):
     q = "usage?since=2026-11-01&until=2026-11-05&by="
     admin = hub.admin_token
+    openapi = hub.api("GET", "openapi.json").json()
     for by, known in KNOWN.items():
-        doc = hub.api("GET", q + by, admin).json()
+        r = hub.api("GET", q + by, admin)
+        check_documented(openapi, r)
+        doc = r.json()
         assert {r[by]: r["allocated_gpu_hours"] for r in doc["rows"]} == pytest.approx(known), doc
         assert doc["total"]["allocated_gpu_hours"] == pytest.approx(TOTAL)
     alice = hub.token("alice")
@@ -192,6 +196,7 @@ def test_usage_api_admins_see_all_users_their_own(hub):
         assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
     r = hub.api("GET", q + "user&format=csv", admin)
     assert r.headers["Content-Type"].startswith("text/csv")
+    check_documented(openapi, r)
     table = list(csv.DictReader(io.StringIO(r.text)))
     assert {t["user"]: float(t["allocated_gpu_hours"]) for t in table} == pytest.approx({**KNOWN["user"], "total": TOTAL})
 
@@ -316,6 +321,10 @@ def test_utilisation_is_sampled_and_weights_used_gpu_hours(nvml_hub):
     assert 0 < row["used_gpu_hours"] <= 0.75 * row["measured_gpu_hours"] + 1e-9
     assert row["measured_gpu_hours"] <= row["allocated_gpu_hours"] + 1e-9
     # the history: this workspace's GPU only (75 % once set), and every GPU of the node
+    openapi = hub.api("GET", "openapi.json").json()
+    for answer in (hub.api("GET", f"usage?since={since}&by=user", alice),
+                   hub.api("GET", f"usage/history?workload={ws['id']}", alice)):
+        check_documented(openapi, answer)  # with real readings in them
     hist = hub.api("GET", f"usage/history?workload={ws['id']}", alice).json()["series"]
     assert [(h["gpu"]) for h in hist] == [gpu] and 75.0 in [p["utilization"] for p in hist[0]["points"]]
     both = hub.api("GET", f"usage/history?node={node['name']}&since={since}", alice).json()["series"]

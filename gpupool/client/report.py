@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from ..contract import DEFAULT_USAGE_GROUP, USAGE_GROUPS
 from .cli import _client, _common, _guard, _num, _print_json, table
-
-GROUPS = ("user", "queue", "department", "model", "node", "kind", "day", "week", "month")
 
 
 def _hours(x) -> str:
@@ -52,7 +51,8 @@ def register(subparsers) -> None:
                               description=__doc__.split("::")[0].strip(), parents=[_common()])
     p.add_argument("--since", required=True, help="start date (UTC), e.g. 2026-11-01 or 2026-11-01T08:00Z")
     p.add_argument("--until", help="end date (default: now)")
-    p.add_argument("--by", choices=GROUPS, default="user", help="grouping (default: user)")
+    p.add_argument("--by", choices=USAGE_GROUPS, default=DEFAULT_USAGE_GROUP,
+                   help=f"grouping (default: {DEFAULT_USAGE_GROUP})")
     p.add_argument("--user", help="only this user's usage (admins)")
     p.add_argument("--queue", help="only this queue")
     p.add_argument("--csv", action="store_true", help="print CSV (for a spreadsheet)")
