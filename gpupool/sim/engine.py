@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, SchedulerConfig, Snapshot, Workload
 
+from ..gcpause import paused_gc
 from .scenario import Scenario, WorkloadEntry, fresh_workloads
 
 EPS = 1e-9
@@ -385,7 +386,8 @@ class Engine:
     def _cycle(self, t: float) -> bool:
         snap = self._snapshot(t)
         t0 = time.perf_counter()
-        result = self.scheduler.schedule(snap)
+        with paused_gc():  # see gpupool/gcpause.py
+            result = self.scheduler.schedule(snap)
         ms = (time.perf_counter() - t0) * 1000.0
         self.cycles += 1
         self.cycle_ms.append(ms)
