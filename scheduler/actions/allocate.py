@@ -59,8 +59,9 @@ def _bind_holders(ctx: Cycle) -> None:
     (or anywhere else it fits now: a cheap probe first, since most holders still wait)."""
     now = ctx.now
     # Single-pod shapes that fitted nowhere in the now view. Capacity in the now view only shrinks
-    # during this loop, except on the nodes a holder's own holds give back while it is tried: a
-    # later holder of such a shape can only fit on the nodes of its own reservation.
+    # during this loop, except on the nodes a holder's own holds give back while it is tried (and
+    # where a holder that bound elsewhere held: then this is forgotten): a later holder of such a
+    # shape can only fit on the nodes of its own reservation.
     nowhere: set[tuple] = set()
     for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
         w = ctx.by_id[wid]
@@ -86,6 +87,8 @@ def _bind_holders(ctx: Cycle) -> None:
             ctx.wait(w, r.code, r.detail)
             continue
         st.commit()
+        if placed is not r.placements:
+            nowhere.clear()  # what it held where it was planned is free now
         for p in r.placements:  # the planned place gives way to the real one
             ctx.future.give_placement(p, w)
         ctx.future_place(w, placed)
