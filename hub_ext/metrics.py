@@ -1,6 +1,7 @@
 """Prometheus metrics of the gpupool service (``GET metrics``), on a registry of its own."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -8,7 +9,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """``clock``: the time a scrape brings the GPU-hours allocated up to (the loop's, time.time)."""
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self.clock = clock
         self.registry = r = CollectorRegistry()
         self.submitted = Counter("gpupool_jobs_submitted", "Jobs accepted through the API", registry=r)
         self.finished = Counter("gpupool_jobs_finished", "Jobs that ended, by final status", ["status"], registry=r)
@@ -45,20 +49,23 @@ class Metrics:
         self.cycle_seconds.observe(seconds)
         for ev in result.evictions:
             self.evictions.labels(cause=ev.cause).inc()
-        # GPU-hours allocated: what was held since the last cycle (constant between cycles)
-        if self._held_at is not None and snap.now > self._held_at:
-            for queue, gpus in self._held.items():
-                self.gpu_hours_allocated.labels(queue=queue).inc(gpus * (snap.now - self._held_at) / 3600)
+        # GPU-hours allocated: what was held up to this cycle (the start of the binds it makes, as in
+        # the usage ledger), then what is held from now on: the workloads holding GPUs and its binds
+        self._accrue(snap.now)
+        queue_of = {w.id: w.queue for w in snap.workloads}
+        holding = [(w.queue, w.placements or ()) for w in snap.workloads]
+        holding += [(queue_of[b.workload], b.placements) for b in result.binds if b.workload in queue_of]
         held: dict[str, float] = {}
-        for w in snap.workloads:
-            for p in w.placements or ():
-                held[w.queue] = held.get(w.queue, 0.0) + len(p.gpus) * p.fraction
-        self._held, self._held_at = held, snap.now
+        for queue, placements in holding:
+            for p in placements:
+                held[queue] = held.get(queue, 0.0) + len(p.gpus) * p.fraction
+        self._held = held
         self.decide_seconds.observe(decide_ms / 1000)
         for name, view in loop.state.queues.items():
             self.workloads.labels(queue=name, phase="holding").set(view.running)
             self.workloads.labels(queue=name, phase="pending").set(view.pending)
         allocated = 0.0
+        parents = {q.parent for q in loop.settings.queues if q.parent}
         for q in loop.settings.queues:
             got = result.allocated.get(q.name, {}).get("gpu", 0)
             if q.parent is None:
@@ -66,6 +73,8 @@ class Metrics:
             self.queue_gpus.labels(queue=q.name, what="deserved").set(q.deserved.get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="fair_share").set(result.fair_share.get(q.name, {}).get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="allocated").set(got)
+            if q.name not in parents:
+                self.gpu_hours_allocated.labels(queue=q.name)  # a leaf queue's series exists from the start, at 0
         self.gpus_total.set(sum(n.gpus for n in loop.settings.nodes))
         self.gpus_allocated.set(allocated)
 
@@ -89,5 +98,14 @@ class Metrics:
         for queue, gpus in per_queue.items():
             self.idle_gpus.labels(queue=queue).set(gpus)
 
+    def _accrue(self, now: float) -> None:
+        """Add what the queues held since the last call to ``gpupool_gpu_hours_allocated``."""
+        if self._held_at is not None and now > self._held_at:
+            for queue, gpus in self._held.items():
+                self.gpu_hours_allocated.labels(queue=queue).inc(gpus * (now - self._held_at) / 3600)
+        if self._held_at is None or now > self._held_at:
+            self._held_at = now
+
     def render(self) -> bytes:
+        self._accrue(self.clock())  # a scrape between cycles sees the GPU-hours up to now, as GET usage does
         return generate_latest(self.registry)

@@ -48,8 +48,9 @@ class Clock:
         return self.t
 
 
-async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict]:
-    """Run SCENARIO through the real loop and sampler; returns the database URL and the ledger."""
+async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict, dict]:
+    """Run SCENARIO through the real loop and sampler; returns the database URL, the ledger and the
+    Prometheus text scraped just before each event and at the end, by hour."""
     import time as real_time
 
     from gpupool.backends.local import LocalBackend
@@ -57,6 +58,7 @@ async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict]:
     from gpupool.hub_ext import loop as loop_mod
     from gpupool.hub_ext.config import load
     from gpupool.hub_ext.ledger import UsageRecord
+    from gpupool.hub_ext.metrics import Metrics
     from gpupool.hub_ext.sampling import Sampler
 
     clock = Clock(T0)
@@ -65,7 +67,7 @@ async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict]:
     settings = load({"nodes": NODES, "queues": QUEUES, "db_url": url, "job_root": str(tmp_path / "jobs"),
                      "work_dir": str(tmp_path), "run_as_user": False})
     sessions = D.make_sessionmaker(D.make_engine(url))
-    loop = loop_mod.SchedulerLoop(settings, sessions, LocalBackend())
+    loop = loop_mod.SchedulerLoop(settings, sessions, LocalBackend(), Metrics(clock=clock))
     loop.ledger.clock = clock
     await loop.recover()
     # box's GPUs read 40 % busy (an NVML stand-in answers through the sampler); box2 has no readings
@@ -75,12 +77,14 @@ async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict]:
                     + [(end, "end", i) for i, (*_, end) in enumerate(SCENARIO)])
     rows: dict[int, int] = {}
     t_sample = T0
+    scrapes: dict[float, str] = {}
     for hour, what, i in events:
         while t_sample + 600 <= T0 + hour * H:  # readings every 10 minutes until this event
             t_sample += 600
             clock.t = t_sample
             sampler.sample()
         clock.t = T0 + hour * H
+        scrapes[hour] = loop.metrics.render().decode()
         user, queue, gpus, *_ = SCENARIO[i]
         with sessions() as s:
             if what == "start":
@@ -93,14 +97,15 @@ async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict]:
             else:
                 s.delete(s.get(D.Workload, rows[i]))  # what DELETE workspaces/{user} does
                 s.commit()
+        result = await loop.cycle()  # the release wakes the loop too
         if what == "start":
-            result = await loop.cycle()
             assert [b.workload for b in result.binds] == [D.public_id(D.WORKSPACE, rows[i])]
     clock.t = T0 + 6 * H
+    scrapes[6] = loop.metrics.render().decode()
     assert sampler.downsample()[0] > 0  # raw readings older than an hour merged into 30-minute rows
     with sessions() as s:
         ledger = {r.user: r for r in s.query(UsageRecord)}
-    return url, ledger
+    return url, ledger, scrapes
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +120,7 @@ def scenario(tmp_path_factory):
 
 
 def test_ledger_records_each_interval(scenario):
-    _, ledger = scenario
+    _, ledger, _ = scenario
     assert set(ledger) == {"alice", "bob", "carol"}
     for user, queue, gpus, start, end in SCENARIO:
         r = ledger[user]
@@ -131,7 +136,7 @@ def test_report_numbers_and_sums_agree(scenario):
     from gpupool.hub_ext import db as D
     from gpupool.hub_ext.usage import report
 
-    url, ledger = scenario
+    url, ledger, _ = scenario
     sessions = D.make_sessionmaker(D.make_engine(url))
     since, until, now = T0 - 86400, T0 + 86400, T0 + 86400
     with sessions() as s:
@@ -164,10 +169,26 @@ def test_report_numbers_and_sums_agree(scenario):
     assert {r["user"]: r["allocated_gpu_hours"] for r in first["rows"]} == pytest.approx({"alice": 2.0, "bob": 1.0})
 
 
+def test_prometheus_gpu_hours_allocated_agree_with_the_ledger(scenario):
+    """``gpupool_gpu_hours_allocated_total`` exists at 0 for every leaf queue from the first cycle,
+    counts a workspace from the cycle that admits it (as its ledger record does) and is current
+    whenever it is scraped, also between cycles."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    *_, scrapes = scenario  # hour 0: the scrape after alice's cycle, before bob's (the later one is kept)
+    for hour, text in scrapes.items():
+        got = {s.labels["queue"]: s.value for f in text_string_to_metric_families(text)
+               if f.name == "gpupool_gpu_hours_allocated" for s in f.samples if s.name.endswith("_total")}
+        want = {q: sum(g * (min(end, hour) - min(start, hour)) for _, sq, g, start, end in SCENARIO if sq == q)
+                 for q in ("vision", "nlp", "ops")}
+        assert got == pytest.approx(want), (hour, got)  # leaves only: "research" is a department
+    assert got == pytest.approx(KNOWN["queue"])
+
+
 @pytest.fixture(scope="module")
 def hub(scenario, tmp_path_factory):
     """A real hub serving the database the scenario left."""
-    url, _ = scenario
+    url, _, _ = scenario
     with Hub(tmp_path_factory.mktemp("usage-hub"), gpupool={"nodes": NODES, "queues": QUEUES, "db_url": url},
              users=["alice", "bob", "carol"], admins=["admin"], managed=False) as hub:
         yield hub
