@@ -20,6 +20,11 @@ from ..model import Phase, Workload
 from ..reasons import Code
 
 
+# Shortcuts that must not change a decision: a holder's shape known to fit nowhere is not probed
+# again, and workloads whose request already failed join a group. False turns both off (the
+# equivalence test compares whole simulations both ways).
+SHORTCUTS = True
+
 _ID = operator.attrgetter("id")
 _SUBMITTED = operator.attrgetter("submit_time", "id")
 _PRIORITY = operator.attrgetter("priority")
@@ -78,7 +83,7 @@ def _bind_holders(ctx: Cycle) -> None:
             elif w.pods > 1 or c.shape not in nowhere:
                 if ctx.fits(c, now):
                     placed = ctx.place(c, st)
-                elif w.pods == 1:
+                elif w.pods == 1 and SHORTCUTS:
                     nowhere.add(c.shape)
             elif _fits_on_any(ctx, c, {now.index[p.node] for p in r.placements}):
                 placed = ctx.place(c, st)
@@ -191,10 +196,12 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                 rk = raw_key(w)
                 template = dead_raw.get(rk)
                 if template is not None:
-                    g = groups.get((rk, q))
+                    g = groups.get((rk, q)) if SHORTCUTS else None
                     if g is None:
-                        g = groups[(rk, q)] = template.like(w, seq)
-                        g.more, g.more_seq = [], []
+                        g = template.like(w, seq)
+                        if SHORTCUTS:
+                            g.more, g.more_seq = [], []
+                            groups[(rk, q)] = g
                         failed.append(g)
                     else:
                         g.more.append(w)

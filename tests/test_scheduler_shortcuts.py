@@ -1,0 +1,114 @@
+"""The scheduler's shortcuts change no decision (issue 13).
+
+allocate groups workloads whose request already failed for capacity (one failed candidate per
+queue and request, expanded only where an action tries them one by one) and skips probing the
+whole cluster for a holder whose shape already fitted nowhere. Both are pure optimisations: whole
+simulations of random contended scenarios (the guarantee properties' generator: gangs,
+fractions, priorities, limits, reclaims, reservations) must give byte-identical reports with the
+shortcuts on and off.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupool.scheduler.actions import allocate
+from gpupool.sim import parse_scenario, simulate
+from test_guarantee_properties import _settings, scenarios
+
+
+def _report(data: dict, seed: int) -> str:
+    report = simulate(parse_scenario(data), seed=seed)
+    report.pop("timing", None)
+    return json.dumps(report, sort_keys=True, default=str)
+
+
+@st.composite
+def bursts(draw):
+    """A borrower fills the cluster, then other queues submit bursts of identical workloads (the
+    groups' case): reclaims, priority preemption inside a burst, fractions and gangs."""
+    cycle = draw(st.sampled_from([1, 5]))
+    nodes = [{"name": f"n{i}", "gpus": draw(st.sampled_from([4, 8])), "gpu_memory": "40Gi"}
+             for i in range(draw(st.integers(1, 3)))]
+    capacity = sum(n["gpus"] for n in nodes)
+    queues = [{"name": "borrower", "deserved": {"gpu": 0}}]
+    leaves = draw(st.integers(1, 3))
+    share = capacity // leaves
+    for i in range(leaves):
+        q = {"name": f"q{i}", "deserved": {"gpu": share}, "over_quota_weight": draw(st.sampled_from([1, 2]))}
+        if draw(st.integers(0, 3)) == 0:
+            q["limit"] = {"gpu": share + draw(st.integers(0, 2))}
+        queues.append(q)
+    workloads = [{"name": f"b{i}", "queue": "borrower", "kind": "train", "submit_at": 0, "gpus": 1,
+                  "duration": cycle * draw(st.integers(40, 200)), "checkpoint_on_signal": draw(st.booleans())}
+                 for i in range(capacity)]
+    for j in range(draw(st.integers(1, 5))):
+        queue = f"q{draw(st.integers(0, min(j, leaves - 1)))}"  # later bursts often join an earlier queue
+        at = cycle * draw(st.integers(3, 30))
+        shape = draw(st.sampled_from([{"gpus": 1}, {"gpus": 2}, {"gpus": 0.5}, {"gpu_memory": "10Gi"},
+                                      {"gpus": 1, "pods": 2}]))
+        for k in range(draw(st.integers(2, 12))):
+            w = {"name": f"x{j}-{k}", "queue": queue, "submit_at": at, "duration": cycle * draw(st.integers(20, 120)),
+                 "kind": draw(st.sampled_from(["train", "train", "hpo-trial", "interactive"])), **shape}
+            if draw(st.booleans()):  # mixed priorities inside a burst: priority preemption in its queue
+                w["priority"] = draw(st.sampled_from([10, 90]))
+            workloads.append(w)
+    return {"config": {"cycle": cycle, "preemption_grace": cycle * draw(st.sampled_from([0, 2, 6])),
+                       "min_runtime": cycle * draw(st.sampled_from([0, 4])), "until": 400 * cycle},
+            "cluster": {"nodes": nodes}, "queues": queues, "workloads": workloads}
+
+
+def _same_both_ways(data: dict, seed: int) -> None:
+    fast = _report(data, seed)
+    allocate.SHORTCUTS = False
+    try:
+        slow = _report(data, seed)
+    finally:
+        allocate.SHORTCUTS = True
+    assert fast == slow
+
+
+@_settings(100)
+@given(scenarios(), st.integers(0, 2))
+def test_shortcuts_change_no_decision(data, seed):
+    _same_both_ways(data, seed)
+
+
+@_settings(100)
+@given(bursts(), st.integers(0, 2))
+def test_shortcuts_change_no_decision_in_bursts(data, seed):
+    _same_both_ways(data, seed)
+
+
+def test_the_switch_really_turns_the_shortcuts_off(monkeypatch):
+    """The comparison above is only worth something if SHORTCUTS=False takes the other path:
+    four pending workloads of one queue and request wait for a busy GPU; with the shortcuts on,
+    the first fails on its own, the second leads a group of the other two."""
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, Snapshot, Workload
+
+    nodes = [NodeSpec("n0", gpus=1, gpu_memory=80 * 2**30)]
+    queues = [QueueSpec("q", deserved={"gpu": 1})]
+    running = Workload("r", "q", gpus=1, phase=Phase.RUNNING, placements=(PodPlacement(0, "n0", (0,)),),
+                       started_at=0.0)
+    pending = [Workload(f"p{i}", "q", gpus=1, submit_time=float(i)) for i in range(4)]
+    snap = Snapshot(now=10.0, nodes=nodes, queues=queues, workloads=[running, *pending])
+    grouped = []
+    real = allocate.allocate
+
+    def spy(ctx, failed=None):
+        out = real(ctx, failed)
+        grouped.append(sum(len(c.more or ()) for c in out))
+        return out
+    from gpupool.scheduler import core
+    monkeypatch.setitem(core.ACTIONS, "allocate", spy)
+    for on in (True, False):
+        monkeypatch.setattr(allocate, "SHORTCUTS", on)
+        grouped.clear()
+        result = Scheduler().schedule(snap)
+        assert grouped == [2 if on else 0]  # p0 fails first; p1 leads the group of p2 and p3
+        assert sorted(result.pending) == ["p0", "p1", "p2", "p3"]
+        assert [result.pending[f"p{i}"].position for i in range(4)] == [1, 2, 3, 4]
