@@ -97,6 +97,16 @@ class GPUPool(Configurable):
         A worker that exits with an error status fails the job at once.""",
     ).tag(config=True)
 
+    cycle_in_process = Bool(
+        True,
+        help="""Run the heavy part of each scheduling cycle (reading every active workload from the
+        database, the scheduler's decisions, the pending reasons) in a worker process of the service,
+        so that the API answers at once while a long cycle runs (a pool of 1000 nodes and 20,000
+        workloads takes about a second per cycle). False: in a thread of the service (the same
+        decisions; API requests then wait on Python's GIL while a cycle runs). A worker process
+        that dies costs no cycle: that cycle runs in a thread and a new worker is started.""",
+    ).tag(config=True)
+
     placement = Enum(
         list(POLICIES), default_value="default", help="Placement policy of the scheduler."
     ).tag(config=True)

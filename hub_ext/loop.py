@@ -8,11 +8,13 @@ wakes it):
 2. *enforce*: a run asked to stop that is still there after ``preemption_grace`` gets SIGTERM,
    then SIGKILL after ``kill_after``; fractional jobs over their GPU memory share (NVML) are
    reported or stopped (``memory_enforcement``);
-3. *decide*: a Snapshot of every node, queue and active workload goes to ``Scheduler.schedule``;
+3. *decide*: a Snapshot of every node, queue and active workload goes to ``Scheduler.schedule``,
+   and every queued workload's reason and position come from the cycle's result; this part runs
+   off the event loop, in a worker process by default (hub_ext/cycle_worker.py,
+   ``c.GPUPool.cycle_in_process``), so the API stays responsive during a long cycle;
 4. *act*: evictions are persisted (status ``preempting``) and then the run is asked to checkpoint;
    binds are persisted first (status ``starting`` with the allocation: write-ahead) and then
-   started through the backend; the handle is persisted once the run exists;
-5. *explain*: every queued workload's reason and position come from the cycle's result.
+   started through the backend; the handle is persisted once the run exists.
 
 Crash safety: a row holds GPUs exactly when its ``allocation`` is set, and every such row is in
 every snapshot. On start-up :meth:`SchedulerLoop.recover` re-adopts runs that are still alive,
@@ -21,7 +23,6 @@ finishes those that ended meanwhile, and requeues those that vanished.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 import logging
@@ -32,38 +33,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select
 
 from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState, worker_file
-from ..scheduler import Scheduler
-from ..scheduler.model import (CycleResult, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot,
-                               Workload as SWorkload)
+from ..scheduler.model import CycleResult, SchedulerConfig
 from ..scheduler.reasons import Pending
 from ..contract import describe_allocation, format_bytes, format_gpus
 from . import db as D
 from . import ledger
 from .config import Settings
+from .cycle_worker import Decider, QueueView, WorkerConfig
 
 log = logging.getLogger("gpupool.loop")
 
 JOB_TOKEN_PREFIX = "gpj_"
-REMOVED_QUEUE = "(removed from config)"
 MIN_GAP = 0.02  # seconds between back-to-back cycles, so a burst of submissions is one cycle
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-QUEUED_COLUMNS = [getattr(D.Workload, c) for c in (
-    "id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
-    "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status", "pods")]
-
-
-@dataclass
-class QueueView:
-    running: int = 0
-    pending: int = 0
 
 
 @dataclass
@@ -90,9 +78,6 @@ class SchedulerLoop:
         self.metrics = metrics
         self.api_url = api_url
         self.nvml = nvml  # gpupool.backends.nvml when NVML works here, else None (enforcement dormant)
-        self.scheduler = Scheduler(SchedulerConfig(min_runtime=self.pool.min_runtime,
-                                                   preemption_grace=self.pool.preemption_grace,
-                                                   placement=self.pool.placement))
         # run ids must be unique on the machine (another hub's j-000001 is not ours): job root digest
         self.instance = hashlib.sha256(os.path.realpath(self.pool.job_root).encode()).hexdigest()[:10]
         self.nodes = {n.name: n for n in settings.nodes}
@@ -104,11 +89,17 @@ class SchedulerLoop:
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()  # one cycle (or recovery) at a time
         self._last_cycle_seconds = 0.0
-        self._pending_cache: dict[int, SWorkload] = {}
         self._reservations: list = []  # the scheduler's last reservations, for the next snapshot
-        self._said: dict[str, tuple[Pending, str]] = {}  # last reason per queued workload, as words
         # a backend that watches the cluster (Kubernetes) gives the node list every cycle
         self._live_nodes = callable(getattr(backend, "nodes", None))
+        # reading the database, the snapshot, Scheduler.schedule and the pending reasons: in a
+        # worker process (c.GPUPool.cycle_in_process) or a thread, never on the event loop
+        self.decider = Decider(WorkerConfig(db_url=self.pool.db_url, queues=list(settings.queues),
+                                            scheduler=SchedulerConfig(min_runtime=self.pool.min_runtime,
+                                                                      preemption_grace=self.pool.preemption_grace,
+                                                                      placement=self.pool.placement),
+                                            live_nodes=self._live_nodes),
+                               sessions, self.pool.cycle_in_process)
         self.node_reasons: dict[str, str] = {}  # node -> why it is not schedulable (live inventory)
         self._inventory_task: asyncio.Task | None = None
 
@@ -125,6 +116,7 @@ class SchedulerLoop:
             if event is not None:
                 self._inventory_task = asyncio.create_task(self._wake_on_inventory(event),
                                                            name="gpupool-inventory-wake")
+        self.decider.start()
         await self.recover()
         self._task = asyncio.create_task(self._run())
 
@@ -180,6 +172,7 @@ class SchedulerLoop:
                 await asyncio.wait_for(self._task, timeout=10)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self.decider.close)
         await self.backend.close()
 
     async def _run(self) -> None:
@@ -309,34 +302,46 @@ class SchedulerLoop:
         now = time.time()
         self.refresh_nodes()
         with self.sessions() as s:
-            # rows holding GPUs as ORM objects (few; reconcile updates them), queued ones as plain
-            # rows (possibly many; read-only here)
-            rows: list[Any] = list(s.scalars(select(D.Workload).where(D.Workload.allocation.is_not(None))))
+            # the rows the reconcile step may change: jobs holding GPUs (their runs are polled) and
+            # workspaces asked to stop; a workspace that just holds its GPUs needs nothing here
+            rows: list[Any] = list(s.scalars(select(D.Workload).where(
+                D.Workload.allocation.is_not(None),
+                or_(D.Workload.type == D.JOB, D.Workload.stop_requested_at.is_not(None)))))
             await self._reconcile(s, rows, now)
             s.commit()
-            holding = [r for r in rows if r.allocation is not None]
-            queued = s.execute(select(*QUEUED_COLUMNS).where(D.Workload.status == D.QUEUED,
-                                                             D.Workload.allocation.is_(None))).all()
-            snap, by_id = self._snapshot(holding, queued, now)
-        loop = asyncio.get_running_loop()
-        t1 = time.perf_counter()
-        result = await loop.run_in_executor(None, self.scheduler.schedule, snap)
-        decide_ms = (time.perf_counter() - t1) * 1000
+        t_rec = time.perf_counter()
+        decision = await self.decider.decide(now, list(self.nodes.values()), self._reservations)
+        result = decision.result
+        t_dec = time.perf_counter()
+        for warning in decision.warnings:
+            log.warning("%s", warning)
+        for wid, why in result.dropped.items():
+            log.info("%s: its reservation was dropped (%s); planning it afresh", wid, why)
         with self.sessions() as s:
+            # each decision is committed on its own; between two, the API's requests get their turn
             for ev in result.evictions:
-                await self._evict(s, by_id.get(ev.workload), ev, now)
+                await self._evict(s, ev.workload, ev, now)
+                await asyncio.sleep(0)
             for bind in result.binds:
-                await self._bind(s, by_id.get(bind.workload), bind, now)
-            self._explain(s, snap, result, by_id)
+                await self._bind(s, bind.workload, bind, now)
+                await asyncio.sleep(0)
             s.commit()
+        t_act = time.perf_counter()
+        log.debug("cycle: reconcile %.0f ms, decide %.0f ms (%s: read %.0f ms, schedule %.0f ms, %d reasons stored "
+                  "in %.0f ms), act %.0f ms (%d binds, %d evictions)", 1000 * (t_rec - t0), 1000 * (t_dec - t_rec),
+                  "worker process" if decision.pid != os.getpid() else "thread", decision.read_ms, decision.decide_ms,
+                  decision.reasons, decision.explain_ms, 1000 * (t_act - t_dec), len(result.binds),
+                  len(result.evictions))
         self._reservations = result.reservations  # handed back unchanged next cycle
         st = self.state
+        st.queues = decision.queues
+        st.pending, st.positions = result.pending, result.positions
         st.fair_share, st.allocated = result.fair_share, result.allocated
         self._last_cycle_seconds = time.perf_counter() - t0
         st.cycles += 1
         st.last_cycle_at = now
         if self.metrics is not None:
-            self.metrics.observe_cycle(self, snap, result, time.perf_counter() - t0, decide_ms)
+            self.metrics.observe_cycle(self, now, decision.held, result, time.perf_counter() - t0, decision.decide_ms)
         return result
 
     async def _reconcile(self, s: Any, rows: list[D.Workload], now: float) -> None:
@@ -469,71 +474,8 @@ class SchedulerLoop:
                         row.reason = f"running on {_where(row.allocation)}; warning: {msg}"
         self.state.memory_warnings = warnings
 
-    def _snapshot(self, holding: list[D.Workload], queued: list[Any], now: float
-                  ) -> tuple[Snapshot, dict[str, Any]]:
-        """Workloads holding GPUs (ORM rows) and queued ones (plain rows) as the scheduler's model.
-        Queued workloads do not change while they wait, so their model objects are reused across
-        cycles (a long queue costs little per cycle)."""
-        queues = list(self.settings.queues)
-        workloads: list[SWorkload] = []
-        by_id: dict[str, Any] = {}
-        orphaned = False
-        views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
-        nodes = dict(self.nodes)
-        for row in holding:
-            queue = row.queue
-            placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
-                                            fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
-            if self._live_nodes:
-                # A live inventory counts free GPUs (others' pods subtracted): a run placed on GPU 3
-                # of a node that now shows 3 keeps counting (the node is widened for this cycle),
-                # rather than its GPUs looking free. A node that is gone drops its runs (their
-                # pods are gone too; the backend reports them lost and they are requeued).
-                for p in placements:
-                    node = nodes.get(p.node)
-                    if node is not None and p.gpus and max(p.gpus) >= node.gpus:
-                        nodes[p.node] = dataclasses.replace(node, gpus=max(p.gpus) + 1)
-            if any(p.node not in nodes or any(g >= nodes[p.node].gpus for g in p.gpus) for p in placements):
-                log.warning("%s holds GPUs that are no longer configured (%s); not counted",
-                            row.public_id, row.allocation)
-                continue
-            if queue not in self.queue_specs:
-                queue, orphaned = REMOVED_QUEUE, True
-            w = SWorkload(id=row.public_id, queue=queue, user=row.user, kind=row.kind, gpus=row.gpus,
-                          gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory, priority=row.priority,
-                          preemptible=row.preemptible, submit_time=row.submitted_at,
-                          checkpoint_on_signal=row.checkpoint_on_signal, last_checkpoint_at=row.last_checkpoint_at,
-                          pods=int(row.pods or 1),
-                          phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
-                          placements=placements, started_at=row.started_at)
-            workloads.append(w)
-            by_id[w.id] = row
-            views.setdefault(row.queue, QueueView()).running += 1
-        cache, fresh = self._pending_cache, {}
-        for row in queued:
-            w = cache.get(row.id)
-            if w is None:
-                w = SWorkload(id=D.public_id(row.type, row.id), queue=row.queue, user=row.user, kind=row.kind,
-                              gpus=row.gpus, gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory,
-                              priority=row.priority, preemptible=row.preemptible, submit_time=row.submitted_at,
-                              checkpoint_on_signal=row.checkpoint_on_signal, pods=int(row.pods or 1),
-                              last_checkpoint_at=row.last_checkpoint_at)
-            fresh[row.id] = w
-            workloads.append(w)
-            by_id[w.id] = row
-            views.setdefault(row.queue, QueueView()).pending += 1
-        self._pending_cache = fresh
-        if orphaned:
-            queues.append(QueueSpec(name=REMOVED_QUEUE))
-        self.state.queues = views
-        # reservations live in memory: after a service restart, plans in motion are made afresh
-        return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads,
-                        reservations=self._reservations), by_id
-
-    async def _evict(self, s: Any, row: D.Workload | None, ev: Any, now: float) -> None:
-        if row is None:
-            return
-        row = s.get(D.Workload, row.id)
+    async def _evict(self, s: Any, wid: str, ev: Any, now: float) -> None:
+        row = _load(s, wid)
         if row is None or row.allocation is None or row.stop_requested_at is not None:
             return
         await self.request_stop(row, "preempt", ev.reason, now, session=s)
@@ -566,10 +508,8 @@ class SchedulerLoop:
                 log.exception("could not ask %s to stop", row.public_id)
         self.wake()
 
-    async def _bind(self, s: Any, row: D.Workload | None, bind: Any, now: float) -> None:
-        if row is None:
-            return
-        row = s.get(D.Workload, row.id)
+    async def _bind(self, s: Any, wid: str, bind: Any, now: float) -> None:
+        row = _load(s, wid)
         if row is None or row.status != D.QUEUED or row.allocation is not None:
             return  # cancelled or deleted since the snapshot
         allocation = [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus), "fraction": p.fraction}
@@ -628,28 +568,11 @@ class SchedulerLoop:
         row.reason = f"running on {_where(allocation)}: {bind.reason}"
         s.commit()
 
-    def _explain(self, s: Any, snap: Snapshot, result: CycleResult, by_id: dict[str, D.Workload]) -> None:
-        st = self.state
-        st.positions = result.positions
-        changes = []
-        bound = {b.workload for b in result.binds}
-        st.pending = result.pending
-        said, self._said = self._said, {}
-        for wid, why in result.pending.items():
-            row = by_id.get(wid)
-            if row is None or wid in bound:
-                continue
-            hit = said.get(wid)  # the sentence is made only when the reason changed
-            reason = hit[1] if hit is not None and hit[0] == why else str(why)
-            self._said[wid] = (why, reason)
-            if reason != row.reason:
-                changes.append({"id": row.id, "reason": reason})
-        for wid, why in result.dropped.items():
-            log.info("%s: its reservation was dropped (%s); planning it afresh", wid, why)
-        if changes:
-            # only rows still queued: a cancel may have landed since the snapshot
-            s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes,
-                      execution_options={"synchronize_session": None})
+
+def _load(s: Any, wid: str) -> D.Workload | None:
+    """The row of a workload the scheduler named (by its public id)."""
+    parsed = D.parse_public_id(wid)
+    return s.get(D.Workload, parsed[1]) if parsed is not None else None
 
 
 def program_command(row: Any) -> list[str] | None:

@@ -45,21 +45,18 @@ class Metrics:
         self.decide_seconds = Histogram("gpupool_decide_seconds", "Scheduler decision time per cycle",
                                         registry=r, buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5))
 
-    def observe_cycle(self, loop: Any, snap: Any, result: Any, seconds: float, decide_ms: float) -> None:
+    def observe_cycle(self, loop: Any, now: float, held: dict[str, float], result: Any, seconds: float,
+                      decide_ms: float) -> None:
+        """One cycle at ``now``: ``held`` is queue -> GPUs held from now on (fractions summed): by the
+        workloads holding GPUs at the snapshot and by the cycle's binds."""
         self.cycle_seconds.observe(seconds)
         for ev in result.evictions:
             self.evictions.labels(cause=ev.cause).inc()
         # GPU-hours allocated: what was held up to this cycle (the start of the binds it makes, as in
-        # the usage ledger), then what is held from now on: the workloads holding GPUs and its binds
-        self._accrue(snap.now)
-        queue_of = {w.id: w.queue for w in snap.workloads}
-        holding = [(w.queue, w.placements or ()) for w in snap.workloads]
-        holding += [(queue_of[b.workload], b.placements) for b in result.binds if b.workload in queue_of]
-        held: dict[str, float] = {}
-        for queue, placements in holding:
-            for p in placements:
-                held[queue] = held.get(queue, 0.0) + len(p.gpus) * p.fraction
-        self._held = held
+        # the usage ledger), then what is held from now on (``held``: the workloads holding GPUs and
+        # the cycle's binds)
+        self._accrue(now)
+        self._held = dict(held)
         self.decide_seconds.observe(decide_ms / 1000)
         for name, view in loop.state.queues.items():
             self.workloads.labels(queue=name, phase="holding").set(view.running)

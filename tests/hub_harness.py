@@ -120,6 +120,20 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children(parent: int, command: str) -> list[int]:
+    """Live child processes of ``parent`` whose command line contains ``command``."""
+    return [pid for pid in _pids() if command in _cmdline(pid) and _ppid(pid) == parent and _alive(pid)]
+
+
 def _start_time(pid: int) -> int | None:
     """Start time of ``pid`` (clock ticks since boot); with the pid it names one process for good."""
     try:
@@ -364,16 +378,8 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
             return self._service.pid if self._service.poll() is None else None
         if self._hub is None:
             return None
-        for pid in _pids():
-            if "gpupool.hub_ext.app" in _cmdline(pid) and _alive(pid):
-                try:
-                    with open(f"/proc/{pid}/stat", "rb") as f:
-                        stat = f.read()
-                    ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if ppid == self._hub.pid:
-                    return pid
+        for pid in children(self._hub.pid, "gpupool.hub_ext.app"):
+            return pid
         return None
 
     def kill_service(self, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:

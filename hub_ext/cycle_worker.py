@@ -1,0 +1,310 @@
+"""The heavy, pure part of a scheduling cycle, kept off the service's event loop.
+
+A cycle of the loop (hub_ext/loop.py) has parts that need the event loop (polling runs, starting
+and stopping them through the backend) and a part that does not: reading every active workload
+from the database, building the scheduler's :class:`Snapshot`, ``Scheduler.schedule`` and the
+pending reasons it gives. On a large pool (1000 nodes, 20,000 workloads) that part is a second of
+pure-Python work. Run on the event loop, or in a thread (the GIL), it stalls every API request
+for that long; so by default it runs in a worker process of its own (``c.GPUPool.cycle_in_process``),
+which keeps its caches warm from one cycle to the next. The same :class:`CycleWorker` code runs in
+a thread of the service when ``cycle_in_process`` is False, and as the fallback for a cycle whose
+worker process died (a new one is started for the next cycle; no cycle is lost).
+
+What crosses the process boundary is small in and plain data out: the cycle's time, the node list
+and the last reservations go in; a :class:`Decision` (the ``CycleResult``, queue counts, GPUs held
+per queue, warnings) comes back. The worker reads the database on its own connection (SQLite in WAL
+mode lets it read while the service writes) after the loop has committed its reconcile step, and it
+writes the pending reasons itself (one UPDATE of the rows whose reason changed, only while they are
+still queued), so the event loop never handles the 20,000 rows. Binds and evictions stay with the
+loop: they go through the backend.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select, update
+
+from ..scheduler import Scheduler
+from ..scheduler.model import (CycleResult, NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, SchedulerConfig,
+                               Snapshot, Workload as SWorkload)
+from ..scheduler.reasons import Code, Pending
+from . import db as D
+
+log = logging.getLogger("gpupool.loop")
+
+REMOVED_QUEUE = "(removed from config)"
+REASONS_PER_COMMIT = 200  # pending reasons stored per transaction
+
+_FIELDS = ("id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
+           "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status", "pods")
+QUEUED_COLUMNS = [getattr(D.Workload, c) for c in _FIELDS]
+HOLDING_COLUMNS = QUEUED_COLUMNS + [D.Workload.allocation, D.Workload.stop_requested_at]
+
+
+@dataclass
+class QueueView:
+    running: int = 0
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs to know of the service (plain data: it is sent to the worker process)."""
+
+    db_url: str
+    queues: list[QueueSpec]
+    scheduler: SchedulerConfig
+    live_nodes: bool = False  # the backend keeps a live inventory (Kubernetes): see CycleWorker.snapshot
+
+
+class PendingView(Mapping):
+    """``CycleResult.pending`` as it crosses from the worker process: each ``Pending`` as a plain
+    tuple (a fraction of the cost to pickle and unpickle: the service unpickles while the API
+    waits for the GIL), made into a ``Pending`` again when it is looked at."""
+
+    def __init__(self, pending: Mapping[str, Pending]):
+        self._raw = {wid: (why.code.value, why.queue, why.position, why.detail) for wid, why in pending.items()}
+
+    def __getitem__(self, wid: str) -> Pending:
+        code, queue, position, detail = self._raw[wid]
+        return Pending(Code(code), queue, position, detail)
+
+    def __contains__(self, wid: object) -> bool:
+        return wid in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+@dataclass
+class Decision:
+    """One cycle's decisions and what the loop shows of them."""
+
+    result: CycleResult
+    queues: dict[str, QueueView]  # queue -> workloads holding / waiting
+    held: dict[str, float]  # queue -> GPUs held from now on (holders and binds, fractions summed): metrics
+    warnings: list[str] = field(default_factory=list)  # for the service's log
+    read_ms: float = 0.0  # reading the database and building the snapshot
+    decide_ms: float = 0.0  # Scheduler.schedule alone
+    explain_ms: float = 0.0  # the pending reasons, stored
+    reasons: int = 0  # pending reasons that changed (rows updated)
+    seconds: float = 0.0  # the whole of CycleWorker.decide
+    pid: int = 0  # the process that decided
+    done_at: float = 0.0  # when it was decided (time.time())
+
+
+class CycleWorker:
+    """Database -> Snapshot -> ``Scheduler.schedule`` -> pending reasons, for one service. Keeps the
+    model objects of waiting workloads (they do not change while they wait) and the last sentence
+    of each pending reason from one cycle to the next."""
+
+    def __init__(self, config: WorkerConfig, sessions: Any = None):
+        self.config = config
+        self.queue_names = {q.name for q in config.queues}
+        if sessions is None:
+            sessions = D.make_sessionmaker(D.make_engine(config.db_url))
+        self.sessions = sessions
+        self.scheduler = Scheduler(config.scheduler)
+        self._pending_cache: dict[int, SWorkload] = {}
+        self._said: dict[str, tuple[Pending, str]] = {}  # last reason per queued workload, as words
+
+    def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+        t0 = time.perf_counter()
+        warnings: list[str] = []
+        with self.sessions() as s:
+            holding = s.execute(select(*HOLDING_COLUMNS).where(D.Workload.allocation.is_not(None))
+                                .order_by(D.Workload.id)).all()
+            queued = s.execute(select(*QUEUED_COLUMNS).where(D.Workload.status == D.QUEUED,
+                                                             D.Workload.allocation.is_(None))
+                               .order_by(D.Workload.id)).all()
+            snap, by_id, views = self.snapshot(holding, queued, now, nodes, reservations, warnings)
+            t1 = time.perf_counter()
+            result = self.scheduler.schedule(snap)
+            decide_ms = (time.perf_counter() - t1) * 1000
+            t2 = time.perf_counter()
+            reasons = self.explain(s, result, by_id)
+            s.commit()
+            explain_ms = (time.perf_counter() - t2) * 1000
+        # GPUs held from now on per queue (the metrics): by the holders and by the cycle's binds
+        held: dict[str, float] = {}
+        queue_of = {w.id: w.queue for w in snap.workloads}
+        holding = [(w.queue, w.placements or ()) for w in snap.workloads]
+        holding += [(queue_of[b.workload], b.placements) for b in result.binds if b.workload in queue_of]
+        for queue, placements in holding:
+            for p in placements:
+                held[queue] = held.get(queue, 0.0) + len(p.gpus) * p.fraction
+        if not isinstance(result.pending, PendingView):
+            result.pending = PendingView(result.pending)
+        return Decision(result=result, queues=views, held=held, warnings=warnings, decide_ms=decide_ms,
+                        read_ms=(t1 - t0) * 1000, explain_ms=explain_ms, reasons=reasons,
+                        seconds=time.perf_counter() - t0, pid=os.getpid(), done_at=time.time())
+
+    def snapshot(self, holding: list[Any], queued: list[Any], now: float, nodes_list: list[NodeSpec],
+                 reservations: list[Reservation], warnings: list[str]
+                 ) -> tuple[Snapshot, dict[str, Any], dict[str, QueueView]]:
+        """Workloads holding GPUs and queued ones (database rows) as the scheduler's model. Queued
+        workloads do not change while they wait, so their model objects are reused across cycles
+        (a long queue costs little per cycle)."""
+        queues = list(self.config.queues)
+        workloads: list[SWorkload] = []
+        by_id: dict[str, Any] = {}
+        orphaned = False
+        views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
+        nodes = {n.name: n for n in nodes_list}
+        for row in holding:
+            queue = row.queue
+            placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
+                                            fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
+            if self.config.live_nodes:
+                # A live inventory counts free GPUs (others' pods subtracted): a run placed on GPU 3
+                # of a node that now shows 3 keeps counting (the node is widened for this cycle),
+                # rather than its GPUs looking free. A node that is gone drops its runs (their
+                # pods are gone too; the backend reports them lost and they are requeued).
+                for p in placements:
+                    node = nodes.get(p.node)
+                    if node is not None and p.gpus and max(p.gpus) >= node.gpus:
+                        nodes[p.node] = dataclasses.replace(node, gpus=max(p.gpus) + 1)
+            if any(p.node not in nodes or any(g >= nodes[p.node].gpus for g in p.gpus) for p in placements):
+                warnings.append(f"{D.public_id(row.type, row.id)} holds GPUs that are no longer configured "
+                                f"({row.allocation}); not counted")
+                continue
+            if queue not in self.queue_names:
+                queue, orphaned = REMOVED_QUEUE, True
+            w = SWorkload(id=D.public_id(row.type, row.id), queue=queue, user=row.user, kind=row.kind, gpus=row.gpus,
+                          gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory, priority=row.priority,
+                          preemptible=row.preemptible, submit_time=row.submitted_at,
+                          checkpoint_on_signal=row.checkpoint_on_signal, last_checkpoint_at=row.last_checkpoint_at,
+                          pods=int(row.pods or 1),
+                          phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
+                          placements=placements, started_at=row.started_at)
+            workloads.append(w)
+            by_id[w.id] = row
+            views.setdefault(row.queue, QueueView()).running += 1
+        cache, fresh = self._pending_cache, {}
+        for row in queued:
+            w = cache.get(row.id)
+            if w is None:
+                w = SWorkload(id=D.public_id(row.type, row.id), queue=row.queue, user=row.user, kind=row.kind,
+                              gpus=row.gpus, gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory,
+                              priority=row.priority, preemptible=row.preemptible, submit_time=row.submitted_at,
+                              checkpoint_on_signal=row.checkpoint_on_signal, pods=int(row.pods or 1),
+                              last_checkpoint_at=row.last_checkpoint_at)
+            fresh[row.id] = w
+            workloads.append(w)
+            by_id[w.id] = row
+            views.setdefault(row.queue, QueueView()).pending += 1
+        self._pending_cache = fresh
+        if orphaned:
+            queues.append(QueueSpec(name=REMOVED_QUEUE))
+        # reservations live in memory: after a service restart, plans in motion are made afresh
+        return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads,
+                        reservations=list(reservations)), by_id, views
+
+    def explain(self, s: Any, result: CycleResult, by_id: dict[str, Any]) -> int:
+        """Store each waiting workload's reason (the sentence is made only when its reason changed);
+        returns how many changed."""
+        changes = []
+        bound = {b.workload for b in result.binds}
+        said, self._said = self._said, {}
+        for wid, why in result.pending.items():
+            row = by_id.get(wid)
+            if row is None or wid in bound:
+                continue
+            hit = said.get(wid)
+            reason = hit[1] if hit is not None and hit[0] == why else str(why)
+            self._said[wid] = (why, reason)
+            if reason != row.reason:
+                changes.append({"id": row.id, "reason": reason})
+        # only rows still queued (a cancel may have landed since the snapshot); in short
+        # transactions, so that a submission never waits long for SQLite's write lock
+        for i in range(0, len(changes), REASONS_PER_COMMIT):
+            s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes[i:i + REASONS_PER_COMMIT],
+                      execution_options={"synchronize_session": None})
+            s.commit()
+        return len(changes)
+
+
+# ---------------------------------------------------------------------- the worker process
+_worker: CycleWorker | None = None
+
+
+def _start(config: WorkerConfig, parent: int) -> None:
+    global _worker
+    _worker = CycleWorker(config)
+    threading.Thread(target=_orphan_watch, args=(parent,), name="gpupool-parent-watch", daemon=True).start()
+
+
+def _orphan_watch(parent: int) -> None:
+    """A worker whose service died (SIGKILL: no shutdown message comes) exits rather than wait
+    for work forever."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def _decide(now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+    assert _worker is not None
+    return _worker.decide(now, nodes, reservations)
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+class Decider:
+    """Runs :meth:`CycleWorker.decide` in a worker process (``in_process``) or in a thread of the
+    service. A worker process that dies (killed, out of memory) costs no cycle: that cycle is
+    decided in a thread of the service and a new worker process is started for the next."""
+
+    def __init__(self, config: WorkerConfig, sessions: Any, in_process: bool):
+        self.config = config
+        self.in_process = in_process
+        self.local = CycleWorker(config, sessions)  # the thread path, and the fallback
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.restarts = 0  # worker processes started again after one died
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        # spawn: a fresh interpreter, not a fork of a process running an event loop and threads
+        pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                      initializer=_start, initargs=(self.config, os.getpid()))
+        pool.submit(_ready)  # the worker starts (imports, opens the database) now, not in the next cycle
+        return pool
+
+    def start(self) -> None:
+        if self.in_process and self._pool is None:
+            self._pool = self._new_pool()
+
+    async def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+        loop = asyncio.get_running_loop()
+        if self.in_process:
+            self.start()
+            assert self._pool is not None
+            try:
+                return await asyncio.wrap_future(self._pool.submit(_decide, now, nodes, reservations))
+            except concurrent.futures.process.BrokenProcessPool as e:
+                log.warning("the scheduling worker process died (%s); this cycle is decided in the service, "
+                            "and a new worker process is started", e)
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+                self.restarts += 1
+                # this thread's caches are from before the worker process took over: start afresh
+                self.local = CycleWorker(self.config, self.local.sessions)
+        return await loop.run_in_executor(None, self.local.decide, now, nodes, reservations)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,120 @@
+"""The heavy part of a scheduling cycle runs in a worker process (hub_ext/cycle_worker.py,
+``c.GPUPool.cycle_in_process``): the same decisions as in a thread, and a worker that dies costs
+no cycle. How much it helps the API's latency is measured by ``benchmarks/api_throughput.py
+--loaded``, not here."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import time
+
+import pytest
+
+from gpupool.hub_ext import db as D
+from gpupool.hub_ext.cycle_worker import Decider, WorkerConfig
+from gpupool.scheduler.model import NodeSpec, QueueSpec, SchedulerConfig
+
+from hub_harness import Hub, _alive, children, hub_leak_check  # noqa: F401 (leak check fixtures)
+
+NODES = [NodeSpec(name=f"n{i}", gpus=4, labels={"rack": f"r{i // 4}"}) for i in range(8)]
+QUEUES = [QueueSpec("a", deserved={"gpu": 16}), QueueSpec("b", deserved={"gpu": 16}),
+          QueueSpec("c", deserved={"gpu": 0}, limit={"gpu": 2})]
+
+
+def _seed(url: str, now: float) -> None:
+    """Queue a holds all GPUs but two (workspaces: a row with an allocation is a holder); b
+    reclaims (evictions, reservations), c waits at its limit once it holds the two free GPUs."""
+    rng = random.Random(7)
+    rows = []
+    for n in NODES:
+        for g in range(n.gpus if n is not NODES[-1] else n.gpus - 2):
+            rows.append(dict(type=D.WORKSPACE, user="u1", queue="a", kind="train", gpus=1.0, preemptible=True,
+                             status=D.RUNNING, submitted_at=now - 900, started_at=now - 600 + rng.random(),
+                             last_checkpoint_at=now - 60 * rng.random() if rng.random() < 0.5 else None,
+                             allocation=[{"pod": 0, "node": n.name, "gpus": [g], "fraction": 1.0}]))
+    for i in range(40):
+        queue = "bc"[i % 2] if i < 30 else "a"
+        rows.append(dict(type=D.JOB if i % 3 else D.WORKSPACE, user=f"u{i % 5}", queue=queue, kind="train",
+                         gpus=rng.choice([0.5, 1.0, 1.0, 2.0]), preemptible=True, status=D.QUEUED,
+                         submitted_at=now - 300 + i, parameters={}, pods=2 if i == 11 else 1))
+    engine = D.make_engine(url)
+    with engine.begin() as conn:
+        base = dict(reason="", started_at=None, last_checkpoint_at=None, allocation=None, parameters={}, pods=1)
+        conn.execute(D.Workload.__table__.insert(), [{**base, **r} for r in rows])
+    engine.dispose()
+
+
+async def test_worker_process_decides_as_the_thread_does(tmp_path):
+    """Three cycles (each handing its reservations to the next) decided in a worker process and in
+    a thread, each on its own copy of the same database: the same binds, evictions, reasons,
+    positions, shares and reservations."""
+    now = time.time()
+    first = tmp_path / "thread.sqlite"
+    _seed(f"sqlite:///{first}", now)
+    shutil.copy(first, tmp_path / "process.sqlite")
+    outcomes = {}
+    for name, in_process in (("thread", False), ("process", True)):
+        config = WorkerConfig(db_url=f"sqlite:///{tmp_path / name}.sqlite", queues=QUEUES,
+                              scheduler=SchedulerConfig(preemption_grace=30))
+        decider = Decider(config, D.make_sessionmaker(D.make_engine(config.db_url)), in_process)
+        try:
+            reservations, seen = [], []
+            for k in range(3):
+                d = await decider.decide(now + 5 * k, NODES, reservations)
+                r = d.result
+                reservations = r.reservations
+                seen.append((r.binds, r.evictions, dict(r.pending), r.positions, r.fair_share, r.allocated,
+                             r.reservations, r.dropped, d.queues, d.held, d.reasons))
+                assert (d.pid != os.getpid()) == in_process
+        finally:
+            decider.close()
+        outcomes[name] = seen
+    assert outcomes["process"] == outcomes["thread"]
+    binds, evictions, pending, *_ = outcomes["thread"][0]
+    # the scenario is not trivial: binds, and b reclaims (evictions, reservations)
+    assert evictions and outcomes["thread"][0][6] and binds
+    assert "reclaiming" in {p.code.value for p in pending.values()}
+    with D.make_sessionmaker(D.make_engine(f"sqlite:///{tmp_path / 'process.sqlite'}"))() as s:
+        stored = {D.public_id(r.type, r.id): r.reason for r in s.query(D.Workload).filter_by(status=D.QUEUED)}
+    bound = {b.workload for b in binds}
+    assert {wid: str(why) for wid, why in pending.items() if wid not in bound} == \
+        {wid: reason for wid, reason in stored.items() if wid in pending and wid not in bound}
+
+
+def _workers(service_pid: int) -> list[int]:
+    """The service's worker processes (multiprocessing spawn children; not its resource tracker)."""
+    return children(service_pid, "spawn_main")
+
+
+JOB = {"command": ["python", "-c", "print('done')"], "gpus": 1}
+
+
+@pytest.mark.hub
+def test_worker_process_dies_and_no_cycle_is_lost(tmp_path):
+    """Through the real hub: the service decides in a worker process; SIGKILL it and the next
+    cycle still happens (decided in the service) and a new worker takes over; SIGKILL the service
+    and its worker goes too."""
+    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 1}]}, users=["alice"], managed=False) as hub:
+        tok = hub.token("alice")
+        service = hub.service_pid()
+        [worker] = hub.wait_for(lambda: _workers(service), 30, message="no scheduling worker process")
+        first = hub.api("POST", "jobs", tok, json=JOB).json()["id"]
+        assert hub.wait_job(tok, first, {"succeeded", "failed"})["status"] == "succeeded"
+
+        os.kill(worker, signal.SIGKILL)
+        hub.wait_for(lambda: not _alive(worker), 10)
+        second = hub.api("POST", "jobs", tok, json=JOB).json()["id"]
+        assert hub.wait_job(tok, second, {"succeeded", "failed"})["status"] == "succeeded"
+        assert "the scheduling worker process died" in hub.service_log()
+        [again] = hub.wait_for(lambda: _workers(service), 30, message="no new worker process")
+        assert again != worker
+        third = hub.api("POST", "jobs", tok, json=JOB).json()["id"]
+        assert hub.wait_job(tok, third, {"succeeded", "failed"})["status"] == "succeeded"
+
+        hub.kill_service(signal.SIGKILL)  # no goodbye reaches the worker: it notices and exits
+        hub.wait_for(lambda: not _alive(again), 10, message="the worker outlived its service")
+        hub.start_service()
+        assert hub.api("GET", f"jobs/{third}", tok).json()["status"] == "succeeded"
+        assert "Traceback" not in hub.service_log()
