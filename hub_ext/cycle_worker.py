@@ -209,7 +209,6 @@ class CycleWorker:
         self._pending_cache = fresh
         if orphaned:
             queues.append(QueueSpec(name=REMOVED_QUEUE))
-        # reservations live in memory: after a service restart, plans in motion are made afresh
         return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads,
                         reservations=list(reservations)), by_id, views
 

@@ -1,4 +1,5 @@
-"""The service's state: one table of workloads (jobs and workspaces) and one of job metrics.
+"""The service's state: one table of workloads (jobs and workspaces), one of job metrics and one
+of the scheduler's reservations.
 
 SQLAlchemy 2; SQLite by default (WAL journal, ``synchronous=NORMAL``: a committed row survives the
 service being killed at any moment). Any SQLAlchemy URL works (``c.GPUPool.db_url``).
@@ -81,6 +82,45 @@ class Workload(Base):
     @property
     def public_id(self) -> str:
         return public_id(self.type, self.id)
+
+
+class ReservationRow(Base):
+    """A reservation of the scheduler (``scheduler.model.Reservation``): capacity held for a
+    workload whose reclaim, preemption or consolidation is in motion. Stored with the first
+    decision of each cycle that changed them (same transaction) and read back when the service
+    starts, so a plan in motion survives a restart: the victims already checkpointing make room
+    for the workload they were evicted for, and nobody is evicted afresh for it."""
+
+    __tablename__ = "reservations"
+
+    workload: Mapped[str] = mapped_column(String(32), primary_key=True)  # the holder's public id
+    placements: Mapped[Any] = mapped_column(JSON)  # [{"pod", "node", "gpus", "fraction"}]
+    code: Mapped[str] = mapped_column(String(64))  # a reasons.Code value
+    since: Mapped[float] = mapped_column(Float)
+    detail: Mapped[Any] = mapped_column(JSON, default=dict)  # numbers of its pending reason
+    bound_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+def reservation_rows(reservations: list[Any]) -> list[dict]:
+    """``Reservation`` objects as rows of :class:`ReservationRow`."""
+    return [{"workload": r.workload, "code": r.code.value, "since": r.since, "bound_at": r.bound_at,
+             "placements": [{"pod": p.pod, "node": p.node, "gpus": [int(g) for g in p.gpus], "fraction": p.fraction}
+                            for p in r.placements],
+             "detail": {k: v.item() if hasattr(v, "item") else v for k, v in r.detail.items()}}
+            for r in reservations]
+
+
+def reservations_from_rows(rows: list[Any]) -> list[Any]:
+    """The inverse of :func:`reservation_rows` (rows: mappings or ORM rows)."""
+    from ..scheduler.model import PodPlacement, Reservation
+    from ..scheduler.reasons import Code
+
+    get = (lambda r, k: r[k]) if rows and isinstance(rows[0], dict) else getattr
+    return [Reservation(workload=get(r, "workload"), code=Code(get(r, "code")), since=get(r, "since"),
+                        bound_at=get(r, "bound_at"), detail=dict(get(r, "detail") or {}),
+                        placements=tuple(PodPlacement(pod=int(p["pod"]), node=p["node"], gpus=tuple(p["gpus"]),
+                                                      fraction=float(p["fraction"])) for p in get(r, "placements")))
+            for r in rows]
 
 
 class Metric(Base):

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import delete, event, insert, or_, select
 
 from ..backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState, worker_file
 from ..scheduler.model import CycleResult, SchedulerConfig
@@ -90,6 +90,7 @@ class SchedulerLoop:
         self._lock = asyncio.Lock()  # one cycle (or recovery) at a time
         self._last_cycle_seconds = 0.0
         self._reservations: list = []  # the scheduler's last reservations, for the next snapshot
+        self._stored_reservations: list[dict] = []  # what the database holds of them (D.ReservationRow)
         # a backend that watches the cluster (Kubernetes) gives the node list every cycle
         self._live_nodes = callable(getattr(backend, "nodes", None))
         # reading the database, the snapshot, Scheduler.schedule and the pending reasons: in a
@@ -291,6 +292,13 @@ class SchedulerLoop:
                 if opened or closed:
                     log.info("usage ledger: opened %d and closed %d records to match the allocations", opened, closed)
                 s.commit()
+                # plans in motion before the restart (the next cycle keeps or drops each, saying why)
+                self._reservations = D.reservations_from_rows(
+                    s.scalars(select(D.ReservationRow).order_by(D.ReservationRow.since)).all())
+                self._stored_reservations = D.reservation_rows(self._reservations)
+                if self._reservations:
+                    log.info("%d reservations of plans in motion taken up again: %s", len(self._reservations),
+                             ", ".join(r.workload for r in self._reservations))
 
     # ------------------------------------------------------------------ the cycle
     async def cycle(self) -> CycleResult | None:
@@ -318,6 +326,7 @@ class SchedulerLoop:
         for wid, why in result.dropped.items():
             log.info("%s: its reservation was dropped (%s); planning it afresh", wid, why)
         with self.sessions() as s:
+            stored = self._store_reservations(s, result.reservations)
             # each decision is committed on its own; between two, the API's requests get their turn
             for ev in result.evictions:
                 await self._evict(s, ev.workload, ev, now)
@@ -326,6 +335,7 @@ class SchedulerLoop:
                 await self._bind(s, bind.workload, bind, now)
                 await asyncio.sleep(0)
             s.commit()
+        self._stored_reservations = stored
         t_act = time.perf_counter()
         log.debug("cycle: reconcile %.0f ms, decide %.0f ms (%s: read %.0f ms, schedule %.0f ms, %d reasons stored "
                   "in %.0f ms), act %.0f ms (%d binds, %d evictions)", 1000 * (t_rec - t0), 1000 * (t_dec - t_rec),
@@ -343,6 +353,18 @@ class SchedulerLoop:
         if self.metrics is not None:
             self.metrics.observe_cycle(self, now, decision.held, result, time.perf_counter() - t0, decision.decide_ms)
         return result
+
+    def _store_reservations(self, s: Any, reservations: list) -> list[dict]:
+        """Have the session's next commit (the cycle's first decision, or its end) store the
+        reservations when they changed: a plan and the evictions it made are durable together."""
+        rows = D.reservation_rows(reservations)
+        if rows != self._stored_reservations:
+            def write(session: Any) -> None:
+                session.execute(delete(D.ReservationRow))
+                if rows:
+                    session.execute(insert(D.ReservationRow), rows)
+            event.listen(s, "before_commit", write, once=True)
+        return rows
 
     async def _reconcile(self, s: Any, rows: list[D.Workload], now: float) -> None:
         grace, kill_after = self.pool.preemption_grace, self.pool.kill_after

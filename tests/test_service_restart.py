@@ -170,3 +170,40 @@ async def test_queue_removed_from_config_keeps_its_gpus_booked(tmp_path):
         ws = s.get(D.Workload, 1)
         assert ws.status == "running" and ws.allocation
         assert "does not exist" in s.get(D.Workload, 2).reason
+
+
+def test_reservation_in_motion_survives_a_sigkill(tmp_path):
+    """A reclaim whose victim is still checkpointing when the service is SIGKILLed goes on after
+    the restart (reservations are stored, hub_ext/db.py): the job it was made for gets the victim's
+    GPU, though a higher-priority job of the same queue came later and would be planned first
+    afresh; the victim stays the only one evicted."""
+    queues = [{"name": "lo", "deserved": {"gpu": 0}}, {"name": "hi", "deserved": {"gpu": 1}}]
+    cfg = {"nodes": [{"name": "box", "gpus": 2}], "queues": queues, "preemption_grace": 15}
+    with Hub(tmp_path, gpupool=cfg, users=["alice"], managed=False) as hub:
+        tok = hub.token("alice")
+        sleeper = {"command": ["python", "-c", "import time; time.sleep(600)"], "gpus": 1}  # ignores a stop request
+        lo = [hub.api("POST", "jobs", tok, json={**sleeper, "queue": "lo"}).json()["id"] for _ in range(2)]
+        for j in lo:
+            hub.wait_job(tok, j, {"running"})
+        a = hub.api("POST", "jobs", tok, json={**sleeper, "queue": "hi", "name": "a"}).json()["id"]
+        victim = hub.wait_preempted(tok, lo)
+        [other] = [j for j in lo if j != victim["id"]]
+        assert hub.api("GET", f"jobs/{a}", tok).json()["reason_code"] == "reclaiming"
+        b = hub.api("POST", "jobs", tok, json={**sleeper, "queue": "hi", "name": "b", "priority": 90}).json()["id"]
+        hub.wait_for(lambda: hub.api("GET", f"jobs/{b}", tok).json()["reason_code"] is not None, 10)
+
+        hub.kill_service(signal.SIGKILL)
+        hub.start_service()
+        assert f"reservations of plans in motion taken up again: {a}" in hub.service_log()
+        assert hub.api("GET", f"jobs/{victim['id']}", tok).json()["status"] == "preempting"  # still releasing
+        # the victim is terminated at the end of its grace period; a takes its GPU, b still waits
+        ja = hub.wait_job(tok, a, {"running"}, 60)
+        assert [(p["node"], p["gpus"]) for p in ja["allocation"]] == \
+            [(p["node"], p["gpus"]) for p in victim["allocation"]]
+        jb = hub.api("GET", f"jobs/{b}", tok).json()
+        assert jb["status"] == "queued", jb
+        jo = hub.api("GET", f"jobs/{other}", tok).json()
+        assert jo["status"] == "running" and jo["preemptions"] == 0 and jo["attempts"] == 1, jo
+        jv = hub.api("GET", f"jobs/{victim['id']}", tok).json()
+        assert jv["status"] == "queued" and jv["preemptions"] == 1, jv
+        check_no_double_allocation(hub, tok)
