@@ -104,7 +104,8 @@ class GPUPool(Configurable):
         so that the API answers at once while a long cycle runs (a pool of 1000 nodes and 20,000
         workloads takes about a second per cycle). False: in a thread of the service (the same
         decisions; API requests then wait on Python's GIL while a cycle runs). A worker process
-        that dies costs no cycle: that cycle runs in a thread and a new worker is started.""",
+        that dies costs no cycle: that cycle runs in a thread and a new worker is started (after 3
+        deaths in a row, cycles stay in a thread and the log says so).""",
     ).tag(config=True)
 
     placement = Enum(

@@ -44,6 +44,7 @@ log = logging.getLogger("gpupool.loop")
 
 REMOVED_QUEUE = "(removed from config)"
 REASONS_PER_COMMIT = 200  # pending reasons stored per transaction
+MAX_DEATHS = 3  # worker processes dying one after the other before cycles stay in a thread
 
 _FIELDS = ("id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
            "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status", "pods")
@@ -266,7 +267,9 @@ def _ready() -> int:
 class Decider:
     """Runs :meth:`CycleWorker.decide` in a worker process (``in_process``) or in a thread of the
     service. A worker process that dies (killed, out of memory) costs no cycle: that cycle is
-    decided in a thread of the service and a new worker process is started for the next."""
+    decided in a thread of the service and a new worker process is started for the next. Should
+    ``MAX_DEATHS`` workers die one after the other (one that cannot start at all), cycles stay in
+    a thread, with an error in the log saying so."""
 
     def __init__(self, config: WorkerConfig, sessions: Any, in_process: bool):
         self.config = config
@@ -274,6 +277,7 @@ class Decider:
         self.local = CycleWorker(config, sessions)  # the thread path, and the fallback
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.restarts = 0  # worker processes started again after one died
+        self.deaths = 0  # worker processes that died since one last decided a cycle
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         # spawn: a fresh interpreter, not a fork of a process running an event loop and threads
@@ -292,15 +296,25 @@ class Decider:
             self.start()
             assert self._pool is not None
             try:
-                return await asyncio.wrap_future(self._pool.submit(_decide, now, nodes, reservations))
+                decision = await asyncio.wrap_future(self._pool.submit(_decide, now, nodes, reservations))
             except concurrent.futures.process.BrokenProcessPool as e:
-                log.warning("the scheduling worker process died (%s); this cycle is decided in the service, "
-                            "and a new worker process is started", e)
                 self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = self._new_pool()
-                self.restarts += 1
+                self._pool = None
+                self.deaths += 1
                 # this thread's caches are from before the worker process took over: start afresh
                 self.local = CycleWorker(self.config, self.local.sessions)
+                if self.deaths >= MAX_DEATHS:
+                    self.in_process = False
+                    log.error("the scheduling worker process died %d times in a row (%s); cycles run in a thread "
+                              "of the service from now on (c.GPUPool.cycle_in_process)", self.deaths, e)
+                else:
+                    log.warning("the scheduling worker process died (%s); this cycle is decided in the service, "
+                                "and a new worker process is started", e)
+                    self._pool = self._new_pool()
+                    self.restarts += 1
+            else:
+                self.deaths = 0
+                return decision
         return await loop.run_in_executor(None, self.local.decide, now, nodes, reservations)
 
     def close(self) -> None:

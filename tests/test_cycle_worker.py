@@ -83,6 +83,27 @@ async def test_worker_process_decides_as_the_thread_does(tmp_path):
         {wid: reason for wid, reason in stored.items() if wid in pending and wid not in bound}
 
 
+async def test_a_worker_that_cannot_start_leaves_cycles_in_a_thread(tmp_path, caplog):
+    """Workers that die one after the other (here: their database cannot be opened) cost no cycle;
+    after MAX_DEATHS of them the cycles stay in a thread, and the log says so."""
+    from gpupool.hub_ext.cycle_worker import MAX_DEATHS
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    _seed(url, time.time())
+    config = WorkerConfig(db_url=f"sqlite:///{tmp_path / 'missing' / 'db.sqlite'}", queues=QUEUES,
+                          scheduler=SchedulerConfig())
+    decider = Decider(config, D.make_sessionmaker(D.make_engine(url)), True)
+    try:
+        for k in range(MAX_DEATHS + 1):
+            d = await decider.decide(time.time(), NODES, [])
+            assert d.pid == os.getpid() and d.result.evictions  # decided, in this process
+            assert decider.in_process == (k < MAX_DEATHS - 1)
+    finally:
+        decider.close()
+    assert decider.restarts == MAX_DEATHS - 1
+    assert f"died {MAX_DEATHS} times in a row" in caplog.text
+
+
 def _workers(service_pid: int) -> list[int]:
     """The service's worker processes (multiprocessing spawn children; not its resource tracker)."""
     return children(service_pid, "spawn_main")
