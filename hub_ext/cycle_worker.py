@@ -34,6 +34,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from ..gcpause import paused_gc
 from ..scheduler import Scheduler
 from ..scheduler.model import (CycleResult, NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, SchedulerConfig,
                                Snapshot, Workload as SWorkload)
@@ -133,7 +134,8 @@ class CycleWorker:
                                .order_by(D.Workload.id)).all()
             snap, by_id, views = self.snapshot(holding, queued, now, nodes, reservations, warnings)
             t1 = time.perf_counter()
-            result = self.scheduler.schedule(snap)
+            with paused_gc():  # see gpupool/gcpause.py
+                result = self.scheduler.schedule(snap)
             decide_ms = (time.perf_counter() - t1) * 1000
             t2 = time.perf_counter()
             reasons = self.explain(s, result, by_id)
