@@ -188,7 +188,7 @@ def test_reservation_in_motion_survives_a_sigkill(tmp_path):
         a = hub.api("POST", "jobs", tok, json={**sleeper, "queue": "hi", "name": "a"}).json()["id"]
         victim = hub.wait_preempted(tok, lo)
         [other] = [j for j in lo if j != victim["id"]]
-        assert hub.api("GET", f"jobs/{a}", tok).json()["reason_code"] == "reclaiming"
+        hub.wait_for(lambda: hub.api("GET", f"jobs/{a}", tok).json()["reason_code"] == "reclaiming", 10)
         b = hub.api("POST", "jobs", tok, json={**sleeper, "queue": "hi", "name": "b", "priority": 90}).json()["id"]
         hub.wait_for(lambda: hub.api("GET", f"jobs/{b}", tok).json()["reason_code"] is not None, 10)
 
