@@ -31,6 +31,7 @@ import json
 import multiprocessing as mp
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -167,10 +168,10 @@ def _ms(values: list[float], q: float) -> float:
 def loaded(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         extra = json.loads(args.gpupool)
-        probe = Hub(tmp, gpupool={}, users=["alice"])  # where the harness puts the database
-        nodes, queues = _seed(probe.settings["db_url"], args.nodes, args.queues, args.workloads, args.seed)
-        cfg = {"nodes": nodes, "queues": queues, "cycle_seconds": 1.0, "workspace_reconcile_seconds": 0,
-               "preemption_grace": 30.0, "default_queue": "bench", **extra}
+        db_url = f"sqlite:///{Path(tmp) / 'gpupool.sqlite'}"
+        nodes, queues = _seed(db_url, args.nodes, args.queues, args.workloads, args.seed)
+        cfg = {"db_url": db_url, "nodes": nodes, "queues": queues, "cycle_seconds": 1.0,
+               "workspace_reconcile_seconds": 0, "preemption_grace": 30.0, "default_queue": "bench", **extra}
         hub = Hub(tmp, gpupool=cfg, users=["alice"], start_timeout=300)
         with hub:
             token = hub.token("alice")
@@ -189,7 +190,6 @@ def loaded(args: argparse.Namespace) -> int:
             for t in threads:
                 t.start()
             if args.profile:
-                import subprocess
                 spy = str(Path(sys.executable).with_name("py-spy"))
                 subprocess.run([spy, "record", "-p", str(hub.service_pid()), "-d", str(int(args.seconds)),
                                 "-o", args.profile, "-f", "speedscope", "--nonblocking"], check=False)
