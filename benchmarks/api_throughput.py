@@ -12,8 +12,9 @@ accepted job is there.
 ``--loaded``: submission *latency* while long scheduling cycles run (goal: p95 <= 50 ms). The
 service's database is seeded before it starts with the large cluster of issue 13
 (benchmarks/cycle_speed.py ``build``: 1000 nodes x 8 GPUs, 200 queues, 20,000 workloads, ~90% of
-the GPUs held). The workloads are workspace admissions (a workspace holds GPUs without a process,
-so binds and evictions cost the service what they cost in production but start nothing). Then
+the GPUs held). The workloads are command jobs run by benchmarks/idle_backend.py (``--running
+jobs``: the service polls, binds, evicts and terminates them as it does real ones, but nothing
+runs) or workspace admissions (``--running workspaces``: held GPUs that are not polled). Then
 ``--clients`` clients each submit a job every ``--interval`` seconds for ``--seconds`` (a steady,
 modest pace: latency, not throughput). Every submission wakes the loop, so cycles run back to back
 the whole time; each cycle snapshots every workload. The mean and largest cycle times come from
@@ -21,7 +22,8 @@ the service's own ``gpupool_cycle_seconds`` metric.
 
     .venv/bin/python benchmarks/api_throughput.py [--jobs 3000] [--clients 16] [--procs 2] [--proxy] [--json]
     .venv/bin/python benchmarks/api_throughput.py --loaded [--seconds 40] [--clients 4] [--interval 0.2]
-                                                  [--workloads 20000] [--gpupool '{"cycle_in_process": false}']
+                                                  [--workloads 20000] [--running jobs|workspaces]
+                                                  [--gpupool '{"cycle_in_process": false}'] [--show-slow]
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import argparse
 import http.client
 import json
 import multiprocessing as mp
+import os
 import sqlite3
 import statistics
 import subprocess
@@ -82,9 +85,10 @@ def _client(url: str, token: str, n: int, threads: int, out: mp.Queue) -> None:
     out.put((lat, errors))
 
 
-def _seed(db_url: str, nodes: int, queues: int, workloads: int, seed: int) -> tuple[list[dict], list[dict]]:
+def _seed(db_url: str, nodes: int, queues: int, workloads: int, seed: int, kind: str) -> tuple[list[dict], list[dict]]:
     """Issue 13's cluster (cycle_speed.build) as ``c.GPUPool`` nodes and queues, and its workloads
-    stored as workspace admissions (running ones with their allocation) before the service starts."""
+    stored before the service starts (running ones with their allocation), as jobs (``kind``
+    "jobs": command jobs the idle backend adopts) or as workspace admissions."""
     from cycle_speed import build
     from sqlalchemy import insert
 
@@ -108,8 +112,10 @@ def _seed(db_url: str, nodes: int, queues: int, workloads: int, seed: int) -> tu
     rows = []
     for i, w in enumerate(ws):
         held = bool(w.placements)
+        job = kind == "jobs"
         rows.append(dict(
-            type=D.WORKSPACE, user=w.user, server=f"s{i}", name=w.id, queue=w.queue, kind=w.kind, gpus=w.gpus,
+            type=D.JOB if job else D.WORKSPACE, user=w.user, server="" if job else f"s{i}", name=w.id,
+            command=["true"] if job else None, handle={"run_id": f"seeded-{i}"} if job and held else None, queue=w.queue, kind=w.kind, gpus=w.gpus,
             gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority, preemptible=w.preemptible,
             checkpoint_on_signal=w.checkpoint_on_signal, pods=w.pods, parameters={},
             status=D.RUNNING if held else D.QUEUED, reason="seeded by benchmarks/api_throughput.py --loaded",
@@ -169,9 +175,12 @@ def loaded(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         extra = json.loads(args.gpupool)
         db_url = f"sqlite:///{Path(tmp) / 'gpupool.sqlite'}"
-        nodes, queues = _seed(db_url, args.nodes, args.queues, args.workloads, args.seed)
+        nodes, queues = _seed(db_url, args.nodes, args.queues, args.workloads, args.seed, args.running)
         cfg = {"db_url": db_url, "nodes": nodes, "queues": queues, "cycle_seconds": 1.0,
                "workspace_reconcile_seconds": 0, "preemption_grace": 30.0, "default_queue": "bench", **extra}
+        if args.running == "jobs":
+            cfg.setdefault("backend", "idle_backend.IdleRunsBackend")  # JupyterHub hands PYTHONPATH on
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
         hub = Hub(tmp, gpupool=cfg, users=["alice"], start_timeout=300)
         with hub:
             token = hub.token("alice")
@@ -211,7 +220,7 @@ def loaded(args: argparse.Namespace) -> int:
                      if k.startswith("gpupool_cycle_seconds_bucket") and "+Inf" not in k)
     longest = next((le for le, n in buckets if n >= n_cycles), float("inf"))
     report = {
-        "mode": "loaded", "nodes": args.nodes, "workloads": args.workloads, "clients": args.clients,
+        "mode": "loaded", "running": args.running, "nodes": args.nodes, "workloads": args.workloads, "clients": args.clients,
         "interval_s": args.interval, "seconds": args.seconds, "submissions": len(lat), "errors": errors,
         "latency_ms": {"p50": _ms(lat, 0.5), "p95": _ms(lat, 0.95), "max": round(1000 * lat[-1], 1)},
         "over_50_ms": sum(1 for x in lat if x > 0.05),
@@ -226,7 +235,7 @@ def loaded(args: argparse.Namespace) -> int:
     else:
         lm, cm = report["latency_ms"], report["cycle_ms"]
         print(f"api_throughput --loaded: {len(lat)} submissions ({args.clients} clients, one every "
-              f"{args.interval:g} s each) during {cycles} scheduling cycles of {args.workloads} workloads on "
+              f"{args.interval:g} s each) during {cycles} scheduling cycles of {args.workloads} {args.running} on "
               f"{args.nodes} nodes; settings {extra or 'default'}")
         print(f"  latency p50 {lm['p50']} ms, p95 {lm['p95']} ms (goal <= 50 ms), max {lm['max']} ms; "
               f"{report['over_50_ms']} over 50 ms; {errors} errors")
@@ -250,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queues", type=int, default=200, help="--loaded: queues")
     p.add_argument("--workloads", type=int, default=20000, help="--loaded: workloads seeded")
     p.add_argument("--seed", type=int, default=0, help="--loaded: seed of the seeded cluster")
+    p.add_argument("--running", choices=["jobs", "workspaces"], default="jobs",
+                   help="--loaded: what the seeded workloads are (jobs run through benchmarks/idle_backend.py)")
     p.add_argument("--gpupool", default="{}", help="--loaded: extra c.GPUPool settings (JSON)")
     p.add_argument("--show-slow", action="store_true", help="--loaded: list the submissions over 50 ms")
     p.add_argument("--profile", default="", help="--loaded: py-spy speedscope profile of the service to this file")

@@ -31,7 +31,7 @@ import pwd
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from sqlalchemy import delete, event, insert, or_, select
 
@@ -48,6 +48,10 @@ log = logging.getLogger("gpupool.loop")
 
 JOB_TOKEN_PREFIX = "gpj_"
 MIN_GAP = 0.02  # seconds between back-to-back cycles, so a burst of submissions is one cycle
+YIELD_SECONDS = 0.001  # longest the reconcile step runs before the API's requests get their turn
+# what the reconcile step reads of each workload holding GPUs (plain rows: cheap for thousands)
+RECONCILE_COLUMNS = [getattr(D.Workload, c) for c in (
+    "id", "type", "handle", "allocation", "stop_requested_at", "term_sent_at", "last_checkpoint_at")]
 
 
 def hash_token(token: str) -> str:
@@ -312,9 +316,9 @@ class SchedulerLoop:
         with self.sessions() as s:
             # the rows the reconcile step may change: jobs holding GPUs (their runs are polled) and
             # workspaces asked to stop; a workspace that just holds its GPUs needs nothing here
-            rows: list[Any] = list(s.scalars(select(D.Workload).where(
+            rows = s.execute(select(*RECONCILE_COLUMNS).where(  # read as they are polled
                 D.Workload.allocation.is_not(None),
-                or_(D.Workload.type == D.JOB, D.Workload.stop_requested_at.is_not(None)))))
+                or_(D.Workload.type == D.JOB, D.Workload.stop_requested_at.is_not(None))))
             await self._reconcile(s, rows, now)
             s.commit()
         t_rec = time.perf_counter()
@@ -366,42 +370,50 @@ class SchedulerLoop:
             event.listen(s, "before_commit", write, once=True)
         return rows
 
-    async def _reconcile(self, s: Any, rows: list[D.Workload], now: float) -> None:
+    async def _reconcile(self, s: Any, rows: Iterable[Any], now: float) -> None:
+        """Poll every run holding GPUs and act on what changed. ``rows`` are plain rows
+        (:data:`RECONCILE_COLUMNS`): a workload's ORM row is loaded only when something about it
+        changes, so thousands of running jobs cost little of the event loop's time; and the loop
+        yields every few milliseconds (nothing is flushed before the commit, so no write lock is
+        held meanwhile)."""
         grace, kill_after = self.pool.preemption_grace, self.pool.kill_after
-        for row in rows:
-            if row.allocation is None:
-                continue
-            if row.type == D.WORKSPACE:
-                if row.stop_requested_at is not None and now - row.stop_requested_at >= grace:
-                    self._release_workspace(row)
-                continue
-            if row.handle is None:
-                continue  # being started right now (cannot happen across restarts: recover() ran)
-            state = await self.backend.poll(row.handle)
-            if state.state != RUN_ALIVE:
-                self._release(row, state, now)
-                continue
-            self._note_checkpoint(row)
-            if row.stop_requested_at is not None:
-                waited = now - row.stop_requested_at
-                if row.term_sent_at is None and waited >= grace:
-                    log.info("%s: grace period over; terminating", row.public_id)
-                    await self.backend.terminate(row.handle, force=False)
-                    row.term_sent_at = now
-                elif row.term_sent_at is not None and now - row.term_sent_at >= kill_after:
-                    await self.backend.terminate(row.handle, force=True)
+        tick = time.perf_counter()
+        fractional = []
+        with s.no_autoflush:
+            for r in rows:
+                if time.perf_counter() - tick > YIELD_SECONDS:
+                    await asyncio.sleep(0)  # the API's requests get their turn
+                    tick = time.perf_counter()
+                if r.type == D.WORKSPACE:
+                    if r.stop_requested_at is not None and now - r.stop_requested_at >= grace:
+                        self._release_workspace(s.get(D.Workload, r.id))
+                    continue
+                if r.handle is None:
+                    continue  # being started right now (cannot happen across restarts: recover() ran)
+                if _fractional(r.allocation):
+                    fractional.append(r.id)
+                state = await self.backend.poll(r.handle)
+                if state.state != RUN_ALIVE:
+                    self._release(s.get(D.Workload, r.id), state, now)
+                    continue
+                if _checkpoint_mtime(self.pool.job_root, D.public_id(r.type, r.id)) not in (None, r.last_checkpoint_at):
+                    self._note_checkpoint(s.get(D.Workload, r.id))
+                if r.stop_requested_at is not None:
+                    waited = now - r.stop_requested_at
+                    if r.term_sent_at is None and waited >= grace:
+                        log.info("%s: grace period over; terminating", D.public_id(r.type, r.id))
+                        await self.backend.terminate(r.handle, force=False)
+                        s.get(D.Workload, r.id).term_sent_at = now
+                    elif r.term_sent_at is not None and now - r.term_sent_at >= kill_after:
+                        await self.backend.terminate(r.handle, force=True)
         if self.nvml is not None:
-            await self._enforce_memory(s, rows, now)
+            await self._enforce_memory(s, [s.get(D.Workload, i) for i in fractional], now)
 
     def _note_checkpoint(self, row: D.Workload) -> None:
-        ckpt = os.path.join(self.job_dir(row), "checkpoints", "LATEST")
-        try:
-            mtime = os.stat(ckpt).st_mtime
-        except OSError:
-            return
-        if row.last_checkpoint_at != mtime:
+        mtime = _checkpoint_mtime(self.pool.job_root, row.public_id)
+        if mtime is not None and row.last_checkpoint_at != mtime:
             row.last_checkpoint_at = mtime
-            row.checkpoint_path = _latest_checkpoint(os.path.dirname(ckpt))
+            row.checkpoint_path = _latest_checkpoint(os.path.join(self.job_dir(row), "checkpoints"))
 
     def _release(self, row: D.Workload, state: RunState, now: float) -> None:
         """A run ended (or is gone): free its GPUs and decide what the job becomes."""
@@ -616,6 +628,18 @@ def _node_words(state: tuple[int, bool] | None) -> str:
 
 def _where(allocation: list[dict] | None) -> str:
     return describe_allocation(allocation) or "CPU only"
+
+
+def _checkpoint_mtime(job_root: str, job_id: str) -> float | None:
+    """When the job's checkpoint pointer (``checkpoints/LATEST``) was last written; None: never."""
+    try:
+        return os.stat(os.path.join(job_root, job_id, "checkpoints", "LATEST")).st_mtime
+    except OSError:
+        return None
+
+
+def _fractional(allocation: list[dict] | None) -> bool:
+    return any(p.get("gpus") and float(p.get("fraction", 1)) < 1 for p in allocation or ())
 
 
 def _latest_checkpoint(ckpt_dir: str) -> str | None:
