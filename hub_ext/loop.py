@@ -18,7 +18,8 @@ wakes it):
 
 Crash safety: a row holds GPUs exactly when its ``allocation`` is set, and every such row is in
 every snapshot. On start-up :meth:`SchedulerLoop.recover` re-adopts runs that are still alive,
-finishes those that ended meanwhile, and requeues those that vanished.
+finishes those that ended meanwhile, and requeues those that vanished. The scheduler's
+reservations (plans in motion) are stored with the cycle's first decision and taken up again.
 """
 from __future__ import annotations
 
