@@ -48,6 +48,9 @@ Methods:
 * ``service_pid() -> int | None``, ``kill_service(sig=SIGKILL, timeout=10)``,
   ``start_service()`` (unmanaged only), ``restart_service()`` (unmanaged: kill -9 and start).
 * ``job_pids() -> list[int]``: live processes of this hub's jobs (by their environment).
+* (module) ``children(parent, command) -> list[int]``: live children of a process whose command
+  line contains ``command`` (e.g. the service's scheduling worker: ``children(hub.service_pid(),
+  "spawn_main")``).
 * ``hub_log() -> str``, ``service_log() -> str`` (unmanaged: the service's own output; managed:
   it is in the hub log).
 * ``stop()``: stops the hub, the proxy, the service and every job process; also on ``__exit__``.
