@@ -32,6 +32,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -198,8 +199,11 @@ def loaded(args: argparse.Namespace) -> int:
                        for i in range(args.clients)]
             for t in threads:
                 t.start()
-            if args.profile:
-                spy = str(Path(sys.executable).with_name("py-spy"))
+            spy = Path(sys.executable).with_name("py-spy")
+            spy = str(spy) if spy.exists() else shutil.which("py-spy")
+            if args.profile and not spy:
+                print("--profile: py-spy is not installed (pip install py-spy); running without a profile")
+            elif args.profile:
                 subprocess.run([spy, "record", "-p", str(hub.service_pid()), "-d", str(int(args.seconds)),
                                 "-o", args.profile, "-f", "speedscope", "--nonblocking"], check=False)
             for t in threads:
