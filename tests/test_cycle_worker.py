@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from gpupool.backends.base import RUNNING, JobBackend, RunState
 from gpupool.hub_ext import db as D
 from gpupool.hub_ext.cycle_worker import Decider, WorkerConfig
 from gpupool.scheduler.model import NodeSpec, QueueSpec, SchedulerConfig
@@ -36,12 +37,14 @@ def _seed(url: str, now: float) -> None:
                              allocation=[{"pod": 0, "node": n.name, "gpus": [g], "fraction": 1.0}]))
     for i in range(40):
         queue = "bc"[i % 2] if i < 30 else "a"
-        rows.append(dict(type=D.JOB if i % 3 else D.WORKSPACE, user=f"u{i % 5}", queue=queue, kind="train",
+        rows.append(dict(type=D.JOB if i % 3 else D.WORKSPACE, command=["true"] if i % 3 else None,
+                         user=f"u{i % 5}", queue=queue, kind="train",
                          gpus=rng.choice([0.5, 1.0, 1.0, 2.0]), preemptible=True, status=D.QUEUED,
                          submitted_at=now - 300 + i, parameters={}, pods=2 if i == 11 else 1))
     engine = D.make_engine(url)
     with engine.begin() as conn:
-        base = dict(reason="", started_at=None, last_checkpoint_at=None, allocation=None, parameters={}, pods=1)
+        base = dict(reason="", started_at=None, last_checkpoint_at=None, allocation=None, parameters={}, pods=1,
+                    command=None)
         conn.execute(D.Workload.__table__.insert(), [{**base, **r} for r in rows])
     engine.dispose()
 
@@ -81,6 +84,68 @@ async def test_worker_process_decides_as_the_thread_does(tmp_path):
     bound = {b.workload for b in binds}
     assert {wid: str(why) for wid, why in pending.items() if wid not in bound} == \
         {wid: reason for wid, reason in stored.items() if wid in pending and wid not in bound}
+
+
+class _NoRuns(JobBackend):
+    """Runs nothing; every run it started or adopts is alive."""
+
+    async def start(self, spec):
+        return {"run_id": spec.run_id}
+
+    async def poll(self, handle):
+        return RunState(RUNNING)
+
+    async def request_checkpoint(self, handle, spec, reason=""):
+        pass
+
+    async def terminate(self, handle, force=False):
+        pass
+
+    async def adopt(self, spec, handle):
+        return handle, RunState(RUNNING)
+
+
+async def test_the_loop_acts_the_same_with_a_worker_process_and_a_thread(tmp_path, monkeypatch):
+    """Whole cycles of the loop (reconcile, decide, act) on copies of one database, on the same
+    clock, with ``cycle_in_process`` on and off: the same results and the same rows after each.
+    Between cycles the clock passes the grace period, so evicted workspaces release and the
+    reclaimers bind into what their reservations held."""
+    import types
+
+    from gpupool.hub_ext import loop as loop_mod
+    from gpupool.hub_ext.config import load
+    from gpupool.hub_ext.loop import SchedulerLoop
+
+    t0 = time.time()
+    clock = [t0]
+    monkeypatch.setattr(loop_mod, "time", types.SimpleNamespace(time=lambda: clock[0], perf_counter=time.perf_counter))
+    _seed(f"sqlite:///{tmp_path / 'thread.sqlite'}", t0)
+    shutil.copy(tmp_path / "thread.sqlite", tmp_path / "process.sqlite")
+    nodes = [{"name": n.name, "gpus": n.gpus, "labels": n.labels} for n in NODES]
+    queues = [{"name": q.name, "deserved": q.deserved, **({"limit": q.limit} if q.limit else {})} for q in QUEUES]
+    seen = {}
+    for name, in_process in (("thread", False), ("process", True)):
+        url = f"sqlite:///{tmp_path / name}.sqlite"
+        settings = load({"nodes": nodes, "queues": queues, "db_url": url, "job_root": str(tmp_path / "jobs"),
+                         "work_dir": str(tmp_path), "run_as_user": False, "cycle_in_process": in_process})
+        sessions = D.make_sessionmaker(D.make_engine(url))
+        loop = SchedulerLoop(settings, sessions, _NoRuns())
+        await loop.recover()
+        steps = []
+        try:
+            for k in range(3):
+                clock[0] = t0 + 40 * k
+                r = await loop.cycle()
+                with sessions() as s:
+                    rows = [(w.id, w.status, w.allocation, w.reason, w.stop_requested_at)
+                            for w in s.query(D.Workload).order_by(D.Workload.id)]
+                steps.append((r.binds, r.evictions, dict(r.pending), r.reservations, rows))
+        finally:
+            await loop.stop()
+        seen[name] = steps
+    assert seen["process"] == seen["thread"]
+    first, second, _ = seen["thread"]
+    assert first[1] and first[3] and second[0]  # victims and reservations, then the reclaimers bound
 
 
 async def test_a_worker_that_cannot_start_leaves_cycles_in_a_thread(tmp_path, caplog):
