@@ -42,6 +42,7 @@ c.GPUPool.preemption_grace = float(pool["preemptionGrace"])
 c.GPUPool.kill_after = float(pool["killAfter"])
 c.GPUPool.min_runtime = float(pool["minRuntime"])
 c.GPUPool.cycle_seconds = float(pool["cycleSeconds"])
+c.GPUPool.cycle_in_process = bool(pool.get("cycleInProcess", True))
 c.GPUPool.placement = pool["placement"]
 c.GPUPool.backend = "gpupool.backends.kubernetes.KubeJobBackend"
 # jobs reach the service through the hub Service (port 'gpupool')
