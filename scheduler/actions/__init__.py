@@ -5,6 +5,11 @@
 to make room for what allocate could not place: ``consolidate`` (move workloads to open a node),
 ``reclaim`` (take borrowed capacity back for a queue below its fair share) and ``preempt``
 (higher priority within a queue). Every move goes through a ``Statement``.
+
+The ``failed`` list is in allocate's order (``Candidate.seq``) and every action keeps that order
+in what it returns. An entry may stand for a group of workloads of one queue and request that
+failed alike (``Candidate.more``); an action that tries candidates one by one expands the groups
+it touches (``cycle.expand``) and leaves the others whole.
 """
 from __future__ import annotations
 
