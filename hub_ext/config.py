@@ -108,6 +108,16 @@ class GPUPool(Configurable):
         deaths in a row, cycles stay in a thread and the log says so).""",
     ).tag(config=True)
 
+    cycle_timeout = Float(
+        60.0,
+        help="""Seconds the loop waits for the worker process's decision (``cycle_in_process``). A
+        worker that hangs (rather than dies) is then killed, that cycle is decided in a thread of
+        the service, and a new worker is started (counted like a death: after 3 in a row, cycles
+        stay in a thread); the log names this knob. A cycle of a pool of 1000 nodes and 20,000
+        workloads takes about a second, and a worker starting up a few; raise it only for a pool
+        whose cycles take tens of seconds. Not applied when cycles run in a thread.""",
+    ).tag(config=True)
+
     placement = Enum(
         list(POLICIES), default_value="default", help="Placement policy of the scheduler."
     ).tag(config=True)
@@ -418,8 +428,9 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
     if pool.max_pods < 1:
         errors.append("c.GPUPool.max_pods: must be >= 1")
-    if pool.cycle_seconds <= 0:
-        errors.append("c.GPUPool.cycle_seconds: must be > 0")
+    for knob in ("cycle_seconds", "cycle_timeout"):
+        if getattr(pool, knob) <= 0:
+            errors.append(f"c.GPUPool.{knob}: must be > 0")
     for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
                  "workspace_release_grace", "gang_restarts", "usage_sample_seconds", "usage_raw_retention",
                  "usage_rollup_retention"):

@@ -8,7 +8,8 @@ pure-Python work. Run on the event loop, or in a thread (the GIL), it stalls eve
 for that long; so by default it runs in a worker process of its own (``c.GPUPool.cycle_in_process``),
 which keeps its caches warm from one cycle to the next. The same :class:`CycleWorker` code runs in
 a thread of the service when ``cycle_in_process`` is False, and as the fallback for a cycle whose
-worker process died (a new one is started for the next cycle; no cycle is lost).
+worker process died, or hung and was killed after ``c.GPUPool.cycle_timeout`` seconds (a new one
+is started for the next cycle; no cycle is lost).
 
 What crosses the process boundary is small in and plain data out: the cycle's time, the node list
 and the last reservations go in; a :class:`Decision` (the ``CycleResult``, queue counts, GPUs held
@@ -106,6 +107,7 @@ class Decision:
     seconds: float = 0.0  # the whole of CycleWorker.decide
     pid: int = 0  # the process that decided
     done_at: float = 0.0  # when it was decided (time.time())
+    lost_seconds: float = 0.0  # waited for a worker process that hung (then killed): no work of the service
 
 
 class CycleWorker:
@@ -269,13 +271,16 @@ def _ready() -> int:
 class Decider:
     """Runs :meth:`CycleWorker.decide` in a worker process (``in_process``) or in a thread of the
     service. A worker process that dies (killed, out of memory) costs no cycle: that cycle is
-    decided in a thread of the service and a new worker process is started for the next. Should
-    ``MAX_DEATHS`` workers die one after the other (one that cannot start at all), cycles stay in
-    a thread, with an error in the log saying so."""
+    decided in a thread of the service and a new worker process is started for the next. A worker
+    that gives no decision within ``timeout`` seconds (hung) is killed and counts as one that died;
+    whatever it would have answered is never looked at. Should ``MAX_DEATHS`` workers die one
+    after the other (one that cannot start at all), cycles stay in a thread, with an error in the
+    log saying so."""
 
-    def __init__(self, config: WorkerConfig, sessions: Any, in_process: bool):
+    def __init__(self, config: WorkerConfig, sessions: Any, in_process: bool, timeout: float = 60.0):
         self.config = config
         self.in_process = in_process
+        self.timeout = timeout  # c.GPUPool.cycle_timeout
         self.local = CycleWorker(config, sessions)  # the thread path, and the fallback
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.restarts = 0  # worker processes started again after one died
@@ -292,34 +297,71 @@ class Decider:
         if self.in_process and self._pool is None:
             self._pool = self._new_pool()
 
+    @staticmethod
+    def _kill(pool: concurrent.futures.ProcessPoolExecutor, grace: float = 0.0) -> None:
+        """The worker goes: after ``grace`` seconds to finish what it does (it was told to exit),
+        SIGTERM, then SIGKILL (a stopped process ignores SIGTERM until it runs again). Whatever
+        transaction it had open is rolled back by SQLite (WAL: frames without a commit are never
+        read), and its write lock goes with it."""
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # no public view of them
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.join(grace)
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
     async def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
         loop = asyncio.get_running_loop()
+        lost = 0.0
         if self.in_process:
             self.start()
-            assert self._pool is not None
-            try:
-                decision = await asyncio.wrap_future(self._pool.submit(_decide, now, nodes, reservations))
+            pool = self._pool
+            assert pool is not None
+            try:  # submit raises too when the worker died while idle
+                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations)),
+                                                  self.timeout)
             except concurrent.futures.process.BrokenProcessPool as e:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
-                self.deaths += 1
-                # this thread's caches are from before the worker process took over: start afresh
-                self.local = CycleWorker(self.config, self.local.sessions)
-                if self.deaths >= MAX_DEATHS:
-                    self.in_process = False
-                    log.error("the scheduling worker process died %d times in a row (%s); cycles run in a thread "
-                              "of the service from now on (c.GPUPool.cycle_in_process)", self.deaths, e)
-                else:
-                    log.warning("the scheduling worker process died (%s); this cycle is decided in the service, "
-                                "and a new worker process is started", e)
-                    self._pool = self._new_pool()
-                    self.restarts += 1
+                pool.shutdown(wait=False, cancel_futures=True)
+                self._lost(f"died ({e})")
+            except asyncio.TimeoutError:
+                # the awaited future is cancelled (a late answer would land nowhere) and the worker
+                # killed: its decision, were it to come, is never applied
+                t0 = time.perf_counter()
+                await loop.run_in_executor(None, self._kill, pool)
+                lost = self.timeout + time.perf_counter() - t0
+                self._lost(f"gave no decision in {self.timeout:g} s (c.GPUPool.cycle_timeout) and was killed",
+                           error=True)
             else:
                 self.deaths = 0
                 return decision
-        return await loop.run_in_executor(None, self.local.decide, now, nodes, reservations)
+        decision = await loop.run_in_executor(None, self.local.decide, now, nodes, reservations)
+        decision.lost_seconds = lost
+        return decision
+
+    def _lost(self, why: str, error: bool = False) -> None:
+        """The worker process is gone (died, or killed when hung): this cycle is decided in a
+        thread, and a new worker process is started unless MAX_DEATHS went one after the other."""
+        self._pool = None
+        self.deaths += 1
+        # this thread's caches are from before the worker process took over: start afresh
+        self.local = CycleWorker(self.config, self.local.sessions)
+        if self.deaths >= MAX_DEATHS:
+            self.in_process = False
+            log.error("the scheduling worker process died %d times in a row (the last %s); cycles run in a "
+                      "thread of the service from now on (c.GPUPool.cycle_in_process)", self.deaths, why)
+        else:
+            (log.error if error else log.warning)("the scheduling worker process %s; this cycle is decided in the "
+                                                  "service, and a new worker process is started", why)
+            self._pool = self._new_pool()
+            self.restarts += 1
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Stop the worker process: a cycle under way gets ``timeout`` seconds to finish (a hung
+        worker does not hold the service's stop)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._kill(pool, grace=self.timeout)

@@ -105,7 +105,7 @@ class SchedulerLoop:
                                                                       preemption_grace=self.pool.preemption_grace,
                                                                       placement=self.pool.placement),
                                             live_nodes=self._live_nodes),
-                               sessions, self.pool.cycle_in_process)
+                               sessions, self.pool.cycle_in_process, timeout=self.pool.cycle_timeout)
         self.node_reasons: dict[str, str] = {}  # node -> why it is not schedulable (live inventory)
         self._inventory_task: asyncio.Task | None = None
 
@@ -352,7 +352,8 @@ class SchedulerLoop:
         st.queues = decision.queues
         st.pending, st.positions = result.pending, result.positions
         st.fair_share, st.allocated = result.fair_share, result.allocated
-        self._last_cycle_seconds = time.perf_counter() - t0
+        # the gap before the next cycle follows the service's own work, not a hung worker's wait
+        self._last_cycle_seconds = time.perf_counter() - t0 - decision.lost_seconds
         st.cycles += 1
         st.last_cycle_at = now
         if self.metrics is not None:

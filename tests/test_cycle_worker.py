@@ -1,6 +1,6 @@
 """The heavy part of a scheduling cycle runs in a worker process (hub_ext/cycle_worker.py,
-``c.GPUPool.cycle_in_process``): the same decisions as in a thread, and a worker that dies costs
-no cycle. How much it helps the API's latency is measured by ``benchmarks/api_throughput.py
+``c.GPUPool.cycle_in_process``): the same decisions as in a thread, and a worker that dies, or
+hangs (``c.GPUPool.cycle_timeout``), costs no cycle. How much it helps the API's latency is measured by ``benchmarks/api_throughput.py
 --loaded``, not here."""
 from __future__ import annotations
 
@@ -79,7 +79,12 @@ async def test_worker_process_decides_as_the_thread_does(tmp_path):
     # the scenario is not trivial: binds, and b reclaims (evictions, reservations)
     assert evictions and outcomes["thread"][0][6] and binds
     assert "reclaiming" in {p.code.value for p in pending.values()}
-    with D.make_sessionmaker(D.make_engine(f"sqlite:///{tmp_path / 'process.sqlite'}"))() as s:
+    _assert_reasons_stored(f"sqlite:///{tmp_path / 'process.sqlite'}", pending, binds)
+
+
+def _assert_reasons_stored(url: str, pending, binds) -> None:
+    """The database holds each waiting workload's reason as the cycle gave it."""
+    with D.make_sessionmaker(D.make_engine(url))() as s:
         stored = {D.public_id(r.type, r.id): r.reason for r in s.query(D.Workload).filter_by(status=D.QUEUED)}
     bound = {b.workload for b in binds}
     assert {wid: str(why) for wid, why in pending.items() if wid not in bound} == \
@@ -169,6 +174,42 @@ async def test_a_worker_that_cannot_start_leaves_cycles_in_a_thread(tmp_path, ca
     assert f"died {MAX_DEATHS} times in a row" in caplog.text
 
 
+async def test_a_hung_worker_is_killed_and_its_cycle_decided_in_a_thread(tmp_path, caplog):
+    """A worker that hangs (here: stopped with SIGSTOP, so SIGTERM does not reach it either) costs
+    one cycle ``timeout`` seconds: the worker is killed, that cycle is decided in this process (its
+    pending reasons stored), and a new worker decides the next one."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    _seed(url, time.time())
+    config = WorkerConfig(db_url=url, queues=QUEUES, scheduler=SchedulerConfig())
+    decider = Decider(config, D.make_sessionmaker(D.make_engine(url)), True, timeout=60)
+    try:
+        first = await decider.decide(time.time(), NODES, [])
+        [worker] = _workers(os.getpid())
+        assert first.pid == worker
+        os.kill(worker, signal.SIGSTOP)
+        decider.timeout = 1.0  # small for this test alone: a worker starting up under load may take longer
+        d = await decider.decide(time.time(), NODES, [])
+        assert d.pid == os.getpid() and d.result.evictions  # decided, in this process
+        assert d.lost_seconds >= decider.timeout  # the loop's gap before the next cycle leaves it out
+        assert not _alive(worker)
+        assert "gave no decision in 1 s (c.GPUPool.cycle_timeout) and was killed" in caplog.text
+        _assert_reasons_stored(url, d.result.pending, d.result.binds)
+        decider.timeout = 60
+        again = await decider.decide(time.time(), NODES, [])
+        assert again.pid not in (os.getpid(), worker) and [again.pid] == _workers(os.getpid())
+        assert decider.in_process and decider.restarts == 1 and decider.deaths == 0
+    finally:
+        decider.close()
+
+
+def test_cycle_timeout_must_be_positive(tmp_path):
+    from gpupool.hub_ext.config import GPUPoolConfigError, load
+
+    with pytest.raises(GPUPoolConfigError, match=r"c\.GPUPool\.cycle_timeout: must be > 0"):
+        load({"nodes": [], "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
+              "work_dir": str(tmp_path), "run_as_user": False, "cycle_timeout": 0})
+
+
 def _workers(service_pid: int) -> list[int]:
     """The service's worker processes (multiprocessing spawn children; not its resource tracker)."""
     return children(service_pid, "spawn_main")
@@ -178,11 +219,14 @@ JOB = {"command": ["python", "-c", "print('done')"], "gpus": 1}
 
 
 @pytest.mark.hub
-def test_worker_process_dies_and_no_cycle_is_lost(tmp_path):
+def test_worker_process_dies_or_hangs_and_no_cycle_is_lost(tmp_path):
     """Through the real hub: the service decides in a worker process; SIGKILL it and the next
-    cycle still happens (decided in the service) and a new worker takes over; SIGKILL the service
-    and its worker goes too."""
-    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 1}]}, users=["alice"], managed=False) as hub:
+    cycle still happens (decided in the service) and a new worker takes over; stop one (SIGSTOP:
+    hung) and after ``cycle_timeout`` it is killed, that cycle decided in the service, and a new
+    worker takes over; SIGKILL the service and its worker goes too."""
+    # cycle_timeout: small, yet ample for a worker starting up on a loaded machine
+    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 1}], "cycle_timeout": 15}, users=["alice"],
+             managed=False) as hub:
         tok = hub.token("alice")
         service = hub.service_pid()
         [worker] = hub.wait_for(lambda: _workers(service), 30, message="no scheduling worker process")
@@ -199,8 +243,18 @@ def test_worker_process_dies_and_no_cycle_is_lost(tmp_path):
         third = hub.api("POST", "jobs", tok, json=JOB).json()["id"]
         assert hub.wait_job(tok, third, {"succeeded", "failed"})["status"] == "succeeded"
 
+        os.kill(again, signal.SIGSTOP)
+        fourth = hub.api("POST", "jobs", tok, json=JOB).json()["id"]
+        assert hub.wait_job(tok, fourth, {"succeeded", "failed"})["status"] == "succeeded"
+        assert "gave no decision in 15 s (c.GPUPool.cycle_timeout) and was killed" in hub.service_log()
+        assert not _alive(again)
+        [last] = hub.wait_for(lambda: _workers(service), 30, message="no worker process after the hung one")
+        assert last not in (worker, again)
+        fifth = hub.api("POST", "jobs", tok, json=JOB).json()["id"]
+        assert hub.wait_job(tok, fifth, {"succeeded", "failed"})["status"] == "succeeded"
+
         hub.kill_service(signal.SIGKILL)  # no goodbye reaches the worker: it notices and exits
-        hub.wait_for(lambda: not _alive(again), 10, message="the worker outlived its service")
+        hub.wait_for(lambda: not _alive(last), 10, message="the worker outlived its service")
         hub.start_service()
-        assert hub.api("GET", f"jobs/{third}", tok).json()["status"] == "succeeded"
+        assert hub.api("GET", f"jobs/{fifth}", tok).json()["status"] == "succeeded"
         assert "Traceback" not in hub.service_log()

@@ -43,6 +43,7 @@ c.GPUPool.kill_after = float(pool["killAfter"])
 c.GPUPool.min_runtime = float(pool["minRuntime"])
 c.GPUPool.cycle_seconds = float(pool["cycleSeconds"])
 c.GPUPool.cycle_in_process = bool(pool.get("cycleInProcess", True))
+c.GPUPool.cycle_timeout = float(pool.get("cycleTimeout", 60))
 c.GPUPool.placement = pool["placement"]
 c.GPUPool.backend = "gpupool.backends.kubernetes.KubeJobBackend"
 # jobs reach the service through the hub Service (port 'gpupool')
