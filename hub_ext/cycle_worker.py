@@ -47,6 +47,7 @@ log = logging.getLogger("gpupool.loop")
 REMOVED_QUEUE = "(removed from config)"
 REASONS_PER_COMMIT = 200  # pending reasons stored per transaction
 MAX_DEATHS = 3  # worker processes dying one after the other before cycles stay in a thread
+STOP_GRACE = 5.0  # seconds a worker's cycle under way gets to finish when the service stops
 
 _FIELDS = ("id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
            "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status", "pods")
@@ -360,8 +361,9 @@ class Decider:
             self.restarts += 1
 
     def close(self) -> None:
-        """Stop the worker process: a cycle under way gets ``timeout`` seconds to finish (a hung
-        worker does not hold the service's stop)."""
+        """Stop the worker process: an idle one exits at once, a cycle under way gets a few seconds
+        (``STOP_GRACE``, or ``timeout`` if shorter) to finish, then it is killed (its decision has
+        no one to take it: a hung worker does not hold the service's stop)."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            self._kill(pool, grace=self.timeout)
+            self._kill(pool, grace=min(self.timeout, STOP_GRACE))

@@ -198,8 +198,11 @@ async def test_a_hung_worker_is_killed_and_its_cycle_decided_in_a_thread(tmp_pat
         again = await decider.decide(time.time(), NODES, [])
         assert again.pid not in (os.getpid(), worker) and [again.pid] == _workers(os.getpid())
         assert decider.in_process and decider.restarts == 1 and decider.deaths == 0
+        os.kill(again.pid, signal.SIGSTOP)  # a hung worker does not hold the service's stop either
+        decider.timeout = 1.0
     finally:
         decider.close()
+    assert not _alive(again.pid)
 
 
 def test_cycle_timeout_must_be_positive(tmp_path):
