@@ -46,7 +46,8 @@ Properties:
 Each property runs ``GUARANTEE_EXAMPLES`` examples (default 400, the CI count); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000``, ``GUARANTEE_RANDOM=1`` (a fresh random stream instead of CI's fixed
 examples) and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
-scenario it takes minutes). Counterexamples are kept as tests/scenarios/regress_*.yaml, each with a
+scenario it takes minutes); ``GUARANTEE_DUMP=DIR`` writes each counterexample found to DIR as a
+scenario file. Counterexamples are kept as tests/scenarios/regress_*.yaml, each with a
 plain test at the end of this file.
 """
 from __future__ import annotations
@@ -69,6 +70,7 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 SHRINK = os.environ.get("GUARANTEE_SHRINK") == "1"  # shrinking a long scenario takes minutes: opt in
+DUMP = os.environ.get("GUARANTEE_DUMP")  # a folder: each counterexample is written there as a scenario file
 RANDOM = os.environ.get("GUARANTEE_RANDOM") == "1"  # hunt beyond CI's fixed examples: a new stream each run
 
 
@@ -300,11 +302,28 @@ def thrash(report: dict) -> list[str]:
     return out
 
 
+def dump(kind: str, data: dict, seed: int, found: list[str]) -> None:
+    """With GUARANTEE_DUMP set, keep a counterexample as a scenario file (with the seed and what
+    failed in its header) to replay with ``gpupool simulate`` or turn into a regression scenario:
+    a random hunt's examples cannot be regenerated, and pytest truncates them."""
+    if not DUMP or not found:
+        return
+    import hashlib
+
+    import yaml
+
+    text = yaml.safe_dump(data, sort_keys=False)
+    path = Path(DUMP) / f"{kind}-{hashlib.sha1(text.encode()).hexdigest()[:10]}-seed{seed}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"# {line}\n" for line in found[:5]) + text)
+
+
 @_settings(N)
 @given(scenarios(), st.integers(0, 2))
 def test_entitled_workloads_start_within_two_grace_periods(data, seed):
     late, report = liveness_failures(data, seed)
     assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+    dump("liveness", data, seed, late)
     assert not late, late
 
 
@@ -314,6 +333,7 @@ def test_no_workload_preempted_twice_without_a_change_of_demand(data, seed):
     report = simulate(parse_scenario(data), seed=seed)
     assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
     bad = thrash(report)
+    dump("stability", data, seed, bad)
     assert not bad, bad
 
 
