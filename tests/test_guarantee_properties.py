@@ -459,3 +459,9 @@ def test_regress_idle_gpus_lent_between_two_reclaims():
         report = simulate(parse_scenario(data), seed=2)
         assert report["metrics"]["invariant_violations"] == 0
         assert not thrash(report), thrash(report)
+
+
+def test_regress_no_consolidation_for_a_borrower_while_a_reclaim_is_due():
+    report = simulate(parse_scenario(scenario_data("regress_consolidation_then_reclaim")), seed=1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)

@@ -3,8 +3,9 @@ node, or no one GPU, has room for a pod): move preemptible single-pod workloads 
 restart elsewhere, possibly on another GPU of the same node) to open room for it.
 
 A borrower (a workload that would take its queue above its fair share) is consolidated for only
-when no entitled workload waits for capacity this cycle (otherwise the room would go to a loan
-that the reclaim for the entitled one recalls at once), and only by moving workloads that run on
+when no entitled workload waits for capacity this cycle, nor one that reclaim will try for (its
+queue has room below its fair share for it): otherwise the room would go to a loan that the
+reclaim recalls at once. And only by moving workloads that run on
 a loan too (their queue above its deserved quota): a guaranteed workload is not disturbed for a
 loan. The moved workloads and the workload they make room
 for hold their planned places until they bind (reservations), so the move happens once.
@@ -58,8 +59,12 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
 
     owed = {id(c) for c in failed if c.code in (Code.FRAGMENTED, Code.CAPACITY) and c.amount[0] > 0
             and is_owed(c)}
+    # a workload that reclaim will try for (its queue has the headroom below its fair share) may
+    # take back what a borrower's consolidation would start on: no consolidation for borrowers then
+    reclaiming = any(c.code in (Code.FRAGMENTED, Code.CAPACITY) and 0 < c.amount[0] <= -ctx.over(c.w.queue) + EPS
+                     for c in failed)
     for c in failed:
-        if (c.code != Code.FRAGMENTED or c.req.num_gpus == 0 or (owed and id(c) not in owed)
+        if (c.code != Code.FRAGMENTED or c.req.num_gpus == 0 or ((owed or reclaiming) and id(c) not in owed)
                 or (c.w.pods > 1 and id(c) not in owed)):  # a borrowing gang waits for room in its shape
             left.append(c)
             continue
