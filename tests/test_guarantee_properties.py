@@ -57,6 +57,7 @@ import math
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -465,3 +466,11 @@ def test_regress_no_consolidation_for_a_borrower_while_a_reclaim_is_due():
     report = simulate(parse_scenario(scenario_data("regress_consolidation_then_reclaim")), seed=1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not thrash(report), thrash(report)
+
+
+@pytest.mark.xfail(strict=True, reason="open: an entitled workload reclaiming 4 GPUs starts later than the "
+                                       "liveness bound (found by a random hunt; see the scenario's header)")
+def test_regress_reclaiming_workload_starts_within_the_bound():
+    late, report = liveness_failures(scenario_data("regress_reclaiming_gang_late"), 1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late
