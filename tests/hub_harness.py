@@ -123,13 +123,18 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _ppid(pid: int) -> int | None:
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field ``index`` (counted after the command name) of /proc/PID/stat, or None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[1])
+        return int(stat[stat.rfind(b")") + 2:].split()[index])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _ppid(pid: int) -> int | None:
+    return _stat_field(pid, 1)
 
 
 def children(parent: int, command: str) -> list[int]:
@@ -139,12 +144,7 @@ def children(parent: int, command: str) -> list[int]:
 
 def _start_time(pid: int) -> int | None:
     """Start time of ``pid`` (clock ticks since boot); with the pid it names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    return _stat_field(pid, 19)
 
 
 def _signal_if_same(pid: int, started: int, sig: int) -> bool:
