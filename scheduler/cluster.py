@@ -53,7 +53,7 @@ class ClusterState:
     """Mutable free capacity. ``gpu_free[n, g]`` is the free milli of GPU g on node n; GPUs a node
     does not have are masked out by ``gpu_exists`` (their free value is 0)."""
 
-    def __init__(self, nodes: Sequence[NodeSpec]):
+    def __init__(self, nodes: Sequence[NodeSpec], reserve: float = 0.0, reserve_min: int = 0):
         self.nodes = list(nodes)
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
         n = len(self.nodes)
@@ -61,7 +61,11 @@ class ClusterState:
         self.num_gpus = np.array([nd.gpus for nd in self.nodes], dtype=np.int64)
         self.gpu_exists = np.arange(g)[None, :] < self.num_gpus[:, None] if n else np.zeros((0, g), bool)
         self.gpu_free = np.where(self.gpu_exists, MILLI, 0).astype(np.int64)
-        self.gpu_mem = np.array([nd.gpu_memory for nd in self.nodes], dtype=np.int64)
+        # usable memory per GPU: what the driver reserves (``reserve`` of it, at least ``reserve_min``
+        # bytes) is left out, so memory-sized shares are sized against what a job can really get
+        total = np.array([nd.gpu_memory for nd in self.nodes], dtype=np.int64)
+        kept = np.maximum(np.ceil(total * reserve).astype(np.int64), reserve_min) if (reserve or reserve_min) else 0
+        self.gpu_mem = np.where(total > 0, np.maximum(total - kept, 0), 0).astype(np.int64)
         self.cpu_total = np.array([UNTRACKED if nd.cpu is None else int(round(nd.cpu * MILLI)) for nd in self.nodes],
                                   dtype=np.int64)
         self.mem_total = np.array([UNTRACKED if nd.memory is None else nd.memory for nd in self.nodes], dtype=np.int64)
@@ -80,7 +84,7 @@ class ClusterState:
         if req.gpu_memory > 0:
             mem = int(self.gpu_mem[node])
             if mem <= 0:
-                return MILLI + 1  # unknown GPU memory: a memory-sized share cannot be placed
+                return MILLI + 1  # unknown (or all reserved) GPU memory: a memory-sized share cannot be placed
             return max(1, -(-req.gpu_memory * MILLI // mem))
         return req.milli
 

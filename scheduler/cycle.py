@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .cluster import ClusterState, PodRequest
-from .fairshare import EPS, QueueTree, fair_shares
+from .fairshare import EPS, QueueTree, fair_shares, guarantees
 from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacement, Reservation, SchedulerConfig,
                     Snapshot, Workload)
 from .placement import FirstFit, make_policy
@@ -192,7 +192,7 @@ class Cycle:
         self.cfg = cfg
         self.now_t = snap.now
         self.tree = QueueTree(snap.queues)
-        self.now = ClusterState(snap.nodes)
+        self.now = ClusterState(snap.nodes, cfg.gpu_memory_reserve, cfg.gpu_memory_reserve_min)
         self.result = CycleResult()
         self._positions = self.result.positions
         self.max_gpu_mem = int(self.now.gpu_mem.max()) if len(self.now.gpu_mem) else 0
@@ -281,7 +281,11 @@ class Cycle:
                self._capacity(self.now.cpu_total) / MILLI, self._capacity(self.now.mem_total))
         self.capacity = dict(zip(RESOURCES, cap))
         demand = {n: dict(zip(RESOURCES, v)) for n, v in demand_leaf.items()}
+        self.demand_gpu = self.tree.rollup({n: v[0] for n, v in demand_leaf.items()})  # running + pending
         self.fair = fair_shares(self.tree, demand, self.capacity)
+        # GPUs each queue is guaranteed (its deserved quota as far as it wants it, shrunk in
+        # proportion where the quotas over-commit what there is): what reclaim takes back for it
+        self.guar = guarantees(self.tree, demand, self.capacity["gpu"])
         gpu_shapes = {}
         for rkey, count in shape_count.items():
             req = self._req_for(rkey)
@@ -407,15 +411,17 @@ class Cycle:
             self.reservations[w.id] = r
 
     def _unentitled(self, w: Workload) -> str:
-        """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): its
-        queue would end above both its deserved quota and its fair share, the rule reclaim
-        admitted it by (departments are weighed by the reclaim budget, where queues split)."""
+        """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): reclaim
+        admits a workload while its queue holds less than its fair share (a whole workload may
+        take it past; the reclaim budget judges the move), so the reservation lapses once the
+        queue holds its fair share without it and would go above with it."""
         amt = self.amounts[w.id][0]
         q = w.queue
-        held = self.effective(q)[0] + self.reserved[q] + amt
-        bound = max(self.tree.queues[q].deserved.get("gpu", 0.0), self.fair[q].get("gpu", 0.0))
-        if held > bound + EPS:
-            return f"queue {q} would hold {held:g} GPUs with it, above its deserved quota and fair share ({bound:g})"
+        held = self.effective(q)[0] + self.reserved[q]
+        fair = self.fair[q].get("gpu", 0.0)
+        if held >= fair - EPS and held + amt > fair + EPS:
+            return (f"queue {q} holds {held:g} GPUs without it, its fair share of {fair:g}, "
+                    f"and would hold {held + amt:g} with it")
         return ""
 
     def _hold(self, w: Workload, r: Reservation) -> str:
@@ -537,10 +543,15 @@ class Cycle:
         instead of scoring every node with the placement policy."""
         policy = PROBE if probe else (self._policy("future") if st.state is self.future else self.policy)
         domains = self._domains(c, st.state) if c.w.pods > 1 else [None]
+        # the pods of a gang never share a GPU (a distributed job's ranks each need their own
+        # device): once a pod of fractions has its GPU, the rest of that GPU is out of the others' reach
+        req = c.req
+        distinct = c.w.pods > 1 and req.num_gpus > 0 and (req.gpu_memory > 0 or 0 < req.milli < MILLI)
         for dmask in domains:
             mask = c.mask if dmask is None else (dmask if c.mask is None else (dmask & c.mask))
             mark = st.mark()
             placements = []
+            blocked: list[tuple[int, int, int]] = []  # GPUs an earlier pod of the gang took
             for i in range(c.w.pods):
                 choice = policy.choose(st.state, c.req, mask)
                 if choice is None:
@@ -550,10 +561,25 @@ class Cycle:
                                  milli / MILLI if c.req.num_gpus else 0.0)
                 st.place(c.w, (p,))
                 placements.append(p)
+                if distinct and i + 1 < c.w.pods:
+                    blocked.extend(self._block(st.state, node, p.gpus))
+            for n, g, left in reversed(blocked):
+                st.state.give(n, (g,), left, 0, 0)
             if len(placements) == c.w.pods:
                 return tuple(placements)
             st.rollback(mark)  # undo this domain's partial gang
         return None
+
+    @staticmethod
+    def _block(state: ClusterState, node: int, gpus: tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """Take what is left free of ``gpus`` (for the other pods of a gang); returns what to give back."""
+        out = []
+        for g in gpus:
+            left = int(state.gpu_free[node, g])
+            if left > 0:
+                state.take(node, (g,), left, 0, 0)
+                out.append((node, g, left))
+        return out
 
     def fits(self, c: Candidate, state: ClusterState | None = None) -> bool:
         """Would ``c`` fit on ``state`` (the future view by default)? Nothing changes."""
@@ -620,6 +646,9 @@ class Cycle:
         free = self.now.gpu_free[sel].sum() / MILLI
         detail = {"need": need, "pods": c.w.pods, "free": float(free)}
         if free + EPS >= need:
+            req = c.req
+            if c.w.pods > 1 and req.num_gpus and (req.gpu_memory > 0 or req.milli < MILLI):
+                detail["own_gpus"] = c.w.pods  # the gang's pods may not share a GPU
             return Code.FRAGMENTED, detail
         if self.holds:
             held = 0
@@ -713,10 +742,11 @@ def queue_order(ctx: Cycle) -> Callable[[str, float], tuple]:
     """Hierarchical order of queues for a workload of ``amount`` GPUs: compare the queues'
     ancestries level by level from the root. At each level, a workload that keeps the queue within
     its deserved quota goes ahead of one that would take it above (guarantees before borrowing,
-    as Run:ai orders them); then queues by GPUs held above fair share (furthest below first), then
+    as Run:ai orders them; the guarantee is the deserved quota shrunk where quotas over-commit the
+    cluster); then queues by GPUs held above fair share (furthest below first), then
     queue priority. These are the measures reclaim's rules use, so what a reclaim frees ranks the
     reclaimer first, never the victim."""
-    const = {x: (spec.deserved.get("gpu", 0.0) + EPS, ctx.fair[x].get("gpu", 0.0), -spec.priority)
+    const = {x: (ctx.guar[x] + EPS, ctx.fair[x].get("gpu", 0.0), -spec.priority)
              for x, spec in ctx.tree.queues.items()}
     alloc, releasing, reserved = ctx.alloc, ctx.releasing, ctx.reserved
 

@@ -11,6 +11,13 @@ Per resource, top-down through the queue tree (docs/scheduling.md has worked exa
    ``priority`` are served first, and only what they cannot use goes to the next priority.
 4. A department's demand is the sum of its children's demand.
 
+``guarantees`` gives each queue's **guarantee**: ``min(deserved, demand)`` (capped by its limit),
+shrunk in proportion wherever the guarantees of one level add up to more than what that level is
+guaranteed itself (the cluster's capacity at the top, the parent's guarantee below). Without
+over-commitment it is the deserved quota as far as the queue wants it; when nodes fail or quotas
+over-commit the cluster, it is the "shrunk share" that a queue reclaims up to. It never exceeds the
+fair share.
+
 Pure and deterministic: plain floats, no I/O.
 """
 from __future__ import annotations
@@ -124,6 +131,32 @@ class QueueTree:
                 for q in self._path[leaf]:
                     out[q] += v
         return out
+
+
+def guarantees(tree: QueueTree, demand: Mapping[str, Mapping[str, float]], capacity: float,
+               resource: str = "gpu") -> dict[str, float]:
+    """Each queue's guarantee of ``resource`` (module doc): what it may take back from borrowers
+    whatever the other queues want, shrunk where the quotas over-commit what there is."""
+    rolled = tree.rollup({q: d.get(resource, 0.0) for q, d in demand.items()})
+    out: dict[str, float] = {}
+    stack: list[tuple[str | None, float]] = [(None, float(capacity))]
+    while stack:
+        parent, amount = stack.pop()
+        kids = tree.children.get(parent, [])
+        if not kids:
+            continue
+        want = {}
+        for q in kids:
+            c = rolled.get(q.name, 0.0)
+            if resource in q.limit:
+                c = min(c, q.limit[resource])
+            want[q.name] = max(0.0, min(q.deserved.get(resource, 0.0), c))
+        total = sum(want.values())
+        scale = amount / total if total > amount + EPS else 1.0
+        for q in kids:
+            out[q.name] = want[q.name] * scale
+            stack.append((q.name, out[q.name]))
+    return out
 
 
 def fair_shares(tree: QueueTree, demand: Mapping[str, Mapping[str, float]],

@@ -177,6 +177,11 @@ class SchedulerConfig:
     reservation_timeout: float | None = None
     topology_key: str = "rack"  # node label that groups nodes for gang placement
     seed: int = 0  # for policies that break ties at random
+    # GPU memory the driver keeps for itself: memory-sized fractions are sized against what is
+    # left, max(fraction x memory, minimum bytes) less per GPU (adapters default to 3 %, at least
+    # 256 MiB; 0 keeps the whole memory, as scenarios without the setting do)
+    gpu_memory_reserve: float = 0.0
+    gpu_memory_reserve_min: int = 0
 
 
 @dataclass(frozen=True)

@@ -41,28 +41,42 @@ class Budget:
     def take(self, v: Workload) -> None:
         pass
 
+    def accepts(self, chosen: list[Workload]) -> bool:
+        """Is the whole plan acceptable (after its victims were chosen one by one)?"""
+        return True
+
 
 class ReclaimBudget(Budget):
-    """Which borrowers a reclaim may take, checked in O(1) per victim. Queues are compared where
-    their ancestries split (the reclaimer's side and the victim's side). Either rule suffices:
+    """Which borrowers a reclaim may take. Queues are compared where their ancestries split (the
+    reclaimer's side and the victim's side), each against its **guarantee** (its deserved quota,
+    shrunk in proportion where quotas over-commit the cluster) and its **fair share**. A victim
+    may go by either rule:
 
-    * guarantee: the reclaimer's side ends within its deserved quota, and the victim's side still
-      holds more than its own deserved quota before this victim goes (only borrowed capacity is
-      taken back, even if a whole gang must go);
-    * fair share: the victim's side ends strictly better off, relative to its fair share, than
-      the reclaimer's side was before, and keeps its deserved quota.
+    * guarantee: the reclaimer's side ends within its guarantee, and the victim's side still holds
+      more than its own guarantee before this victim goes (only borrowed capacity is taken back,
+      even if a whole gang must go);
+    * fair share: the victim's side is better off, relative to its fair share, than the
+      reclaimer's side, and keeps its guarantee unless it holds more than its fair share. A plan
+      with such a victim must bring the two sides closer to their fair shares: the sum of the
+      squares of (held - fair share) over the sides involved strictly falls (``accepts``). Whole
+      workloads move, so a reclaimer may end above its share by less than a workload, and a
+      victim below it, but never so that the shares end further from fair than they were.
 
-    Neither allows the reverse move afterwards, and allocation ranks queues by the same measures
-    (within deserved first, then GPUs above fair share), so what a reclaim frees goes to the
-    reclaimer and capacity never ping-pongs. Victims already taken in the plan count against
-    their side. ``refused`` names the last side a victim was refused for."""
+    Neither rule allows the reverse move afterwards (the guarantee rule never takes a queue below
+    its guarantee, the squared distance only falls), and allocation ranks queues by the same
+    measures (within guarantee first, then GPUs above fair share), so what a reclaim frees goes to
+    the reclaimer and capacity never ping-pongs. Victims already taken in the plan count against
+    their side. ``refused`` names the last side a victim was refused for, ``why`` says why."""
 
     def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
         self.ctx, self.reclaimer, self.amount = ctx, reclaimer, amount
-        self.sides: dict[str, tuple] = {}  # victim queue -> (side, its over, its held, its deserved,
-        #                                    reclaimer side's over, reclaimer side within deserved after)
+        self.sides: dict[str, tuple] = {}  # victim queue -> (side, its over, its held, its guarantee,
+        #                                    reclaimer side's over, reclaimer side within guarantee after,
+        #                                    reclaimer side)
         self.gone: dict[str, float] = {}
+        self.by_share: set[str] = set()  # victims taken by the fair-share rule in this pass
         self.refused = ""
+        self.why: dict = {}
 
     def _side(self, queue: str) -> tuple:
         hit = self.sides.get(queue)
@@ -71,33 +85,70 @@ class ReclaimBudget(Budget):
             aq, ap = ctx.tree.split(self.reclaimer, queue)
             held_q = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
             hit = self.sides[queue] = (
-                ap, ctx.over(ap), ctx.effective(ap)[0] + ctx.reserved[ap],
-                ctx.tree.queues[ap].deserved.get("gpu", 0.0), ctx.over(aq),
-                held_q <= ctx.tree.queues[aq].deserved.get("gpu", 0.0) + EPS)
+                ap, ctx.over(ap), ctx.effective(ap)[0] + ctx.reserved[ap], ctx.guar[ap], ctx.over(aq),
+                held_q <= ctx.guar[aq] + EPS, aq)
         return hit
 
     def candidate_side(self, queue: str) -> bool:
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
-        _, over, held, deserved, _, guaranteed = self._side(queue)
-        return over > EPS or (guaranteed and held > deserved + EPS)
+        _, over, held, guar, _, guaranteed, _ = self._side(queue)
+        return over > EPS or (guaranteed and held > guar + EPS)
 
     def reset(self) -> None:
         self.gone.clear()
+        self.by_share.clear()
 
     def allows(self, v: Workload) -> bool:
-        side, over, held, deserved, reclaimer_before, guaranteed = self._side(v.queue)
+        side, over, held, guar, reclaimer_before, guaranteed, _ = self._side(v.queue)
         gone = self.gone.get(side, 0.0)
         amt = self.ctx.amounts[v.id][0]
-        if guaranteed and held - gone > deserved + EPS:
+        if guaranteed and held - gone > guar + EPS:
             return True  # guarantee: take borrowed capacity back
-        if over - gone - amt > reclaimer_before + EPS and held - gone - amt >= deserved - EPS:
-            return True  # fair share: rebalance over-quota capacity, never the victim's guarantee
+        if over - gone > reclaimer_before + EPS and (held - gone - amt >= guar - EPS or over - gone > EPS):
+            self.by_share.add(v.id)
+            return True  # fair share: rebalance, never below a guarantee of a queue within its share
         self.refused = side
+        self.why = {"holder": side, "held": held - gone, "fair": self.ctx.fair[side].get("gpu", 0.0),
+                    "guarantee": guar, "rule": "guarantee" if over - gone > reclaimer_before + EPS else "share"}
         return False
 
     def take(self, v: Workload) -> None:
         side = self._side(v.queue)[0]
         self.gone[side] = self.gone.get(side, 0.0) + self.ctx.amounts[v.id][0]
+
+    def accepts(self, chosen: list[Workload]) -> bool:
+        """Does the plan bring the shares closer to fair (needed once a victim went by the fair-share
+        rule)? Per level where the reclaimer's side meets victims' sides: the sum of squared
+        distances from fair share (GPUs held - fair share) over those sides strictly falls, the
+        reclaimer's side counted with what the victims free beyond its need as far as it wants more
+        (a small reclaim that evicts a large victim would otherwise hand the rest on to it)."""
+        if not any(v.id in self.by_share for v in chosen):
+            return True
+        levels: dict[str, dict[str, float]] = {}
+        for v in chosen:
+            side, *_, aq = self._side(v.queue)
+            lv = levels.setdefault(aq, {})
+            lv[side] = lv.get(side, 0.0) + self.ctx.amounts[v.id][0]
+        ctx = self.ctx
+        for aq, taken in levels.items():
+            before = ctx.over(aq)
+            # what the victims free beyond the reclaimer's need counts as the reclaimer's side's as
+            # far as that side wants more (it would take it next, by lending or by priority)
+            excess = max(0.0, sum(taken.values()) - self.amount)
+            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - self.amount)
+            after = before + self.amount + min(excess, wants)
+            change = after * after - before * before
+            for side, amt in taken.items():
+                o = self.ctx.over(side)
+                change += (o - amt) * (o - amt) - o * o
+            if change >= -EPS:
+                self.refused = next(iter(taken))
+                side = self.refused
+                self.why = {"holder": side, "held": self.ctx.effective(side)[0] + self.ctx.reserved[side],
+                            "fair": self.ctx.fair[side].get("gpu", 0.0), "guarantee": self.ctx.guar[side],
+                            "rule": "whole", "taken": taken[side]}
+                return False
+        return True
 
 
 class _Pool:
@@ -211,6 +262,8 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
         chosen, refused = pool.greedy(st, budget, done, first, largest)
         if chosen:
             chosen = _prune(ctx, st, chosen, done)
+        if chosen and not budget.accepts(chosen):
+            chosen = []
         if chosen:  # (empty after pruning: it fits without victims, which is no plan to make)
             cost = _cost(ctx, chosen)
             if best is None or cost < best[0]:

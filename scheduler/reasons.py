@@ -77,6 +77,24 @@ def _capacity(d: dict) -> str:
     return f"waiting for {_what(d)}: {d.get('free', 0.0):g} free in the cluster{aside}"
 
 
+def _refusal(q: str, d: dict) -> str:
+    """Why a reclaim was refused, from the numbers the reclaim budget kept."""
+    h = d["holder"]
+    if "rule" not in d:
+        return f"the GPUs that would make room belong to {h}, which may not give them up"
+    held, fair = _gpus(d["held"]), _gpus(d["fair"])
+    mine = f"{q} holds {_gpus(d['queue_held'])} of its fair share of {_gpus(d['queue_fair'])}"
+    if d["rule"] == "guarantee":
+        return (f"the GPUs that would make room belong to {h}, which holds {held} of its guaranteed "
+                f"{_gpus(d['guarantee'])} (fair share {fair}): taking them would break its guarantee")
+    if d["rule"] == "whole":
+        return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}) as whole workloads "
+                f"of {_gpus(d['taken'])}; taking them would leave the two queues further from their fair "
+                f"shares than now ({mine})")
+    return (f"the GPUs that would make room belong to {h}, which holds {held} of its fair share of {fair}; "
+            f"{mine}, and {h} is no further above its share than {q} is below")
+
+
 def _sentence(p: Pending) -> str:
     d, q = p.detail, p.queue
     c = p.code
@@ -95,6 +113,9 @@ def _sentence(p: Pending) -> str:
         return (f"{_capacity(d)}; {q} holds {_gpus(d['held'])} and this would take it above its fair share "
                 f"of {_gpus(d['fair'])}{shrunk}, so it waits for idle GPUs instead of reclaiming")
     if c is Code.FRAGMENTED:
+        if d.get("own_gpus"):
+            return (f"waiting for {_what(d)}: {d.get('free', 0.0):g} GPUs are free, but not {d['own_gpus']} "
+                    f"distinct GPUs with room for one pod each (the pods of a gang never share a GPU)")
         return (f"waiting for {_what(d)}: {d.get('free', 0.0):g} GPUs are free but not on one node "
                 f"in the shape requested")
     if c is Code.NO_MATCHING_NODE:
@@ -106,8 +127,7 @@ def _sentence(p: Pending) -> str:
         return (f"{_capacity(d)}; the workloads that could make room started less than "
                 f"{d['min_runtime']:g}s ago (min_runtime)")
     if c is Code.RECLAIM_REFUSED:
-        return (f"{_capacity(d)}; not reclaiming: the borrowed GPUs that would make room belong to "
-                f"{d['holder']}, and taking them would leave it further below its fair share than {q} is")
+        return f"{_capacity(d)}; not reclaiming: {_refusal(q, d)}"
     if c is Code.RECLAIMING:
         return (f"reclaiming {_gpus(d['need'])} from other queues; starts when the preempted workloads "
                 f"have checkpointed")

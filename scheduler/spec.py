@@ -100,8 +100,7 @@ def parse_queue(entry: Any, path: str, extra_fields: Iterable[str] = ()) -> Queu
 
 
 def parse_queues(entries: Any, path: str = "queues", extra_fields: Iterable[str] = ()) -> list[QueueSpec]:
-    """Parse and check a queue tree: unique names, known parents, no cycles, limits >= deserved,
-    children's deserved within their parent's."""
+    """Parse and check a queue tree: unique names, known parents, no cycles, limits >= deserved."""
     queues = [parse_queue(e, f"{path}[{i}]", extra_fields) for i, e in enumerate(_list(entries, path))]
     index: dict[str, int] = {}
     for i, q in enumerate(queues):
@@ -121,18 +120,29 @@ def parse_queues(entries: Any, path: str = "queues", extra_fields: Iterable[str]
                 raise SpecError(f"{path}[{i}].parent", f"queue {q.name!r} is its own ancestor")
             seen.add(cur)
             cur = queues[index[cur]].parent
-    by_parent: dict[str, list[QueueSpec]] = {}
-    for q in queues:
-        if q.parent is not None:
-            by_parent.setdefault(q.parent, []).append(q)
-    for parent, children in by_parent.items():
-        pq = queues[index[parent]]
-        for res, amount in pq.deserved.items():
-            total = sum(c.deserved.get(res, 0) for c in children)
-            if total > amount + 1e-9:
-                raise SpecError(f"{path}[{index[parent]}].deserved.{res}",
-                                f"children of {parent!r} deserve {total:g} in all, more than its {amount:g}")
+    # children may deserve more than their parent (as Run:ai allows): their guarantees shrink in
+    # proportion within the parent's (scheduler/fairshare.py); over_committed() says where
     return queues
+
+
+def over_committed(queues: list[QueueSpec], capacity: float | None = None, resource: str = "gpu") -> list[str]:
+    """Where deserved quotas add up to more than there is: departments whose children deserve more
+    than the department (and the top level, against ``capacity`` when given). Not an error: the
+    guarantees shrink in proportion (docs/scheduling.md, over-committed quotas)."""
+    out = []
+    by_parent: dict[str | None, list[QueueSpec]] = {}
+    for q in queues:
+        by_parent.setdefault(q.parent, []).append(q)
+    spec = {q.name: q for q in queues}
+    for parent, children in by_parent.items():
+        total = sum(c.deserved.get(resource, 0) for c in children)
+        if parent is None:
+            if capacity is not None and total > capacity + 1e-9:
+                out.append(f"the top-level queues deserve {total:g} {resource} but there are {capacity:g}")
+        elif parent in spec and total > spec[parent].deserved.get(resource, 0) + 1e-9:
+            out.append(f"the children of {parent!r} deserve {total:g} {resource} in all, more than its "
+                       f"{spec[parent].deserved.get(resource, 0):g}")
+    return out
 
 
 NODE_FIELDS = ("name", "count", "gpus", "gpu_memory", "gpu_model", "cpu", "memory", "labels")

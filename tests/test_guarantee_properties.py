@@ -354,6 +354,7 @@ def late_evictions(data: dict, settle: float, seed: int = 0) -> list[str]:
 def test_steady_state_makes_no_preemptions(case, seed):
     data, settle = case
     bad = late_evictions(data, settle, seed)
+    dump("steady", data, seed, bad)
     assert not bad, bad
 
 

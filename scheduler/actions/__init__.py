@@ -19,11 +19,11 @@ from ..reasons import Code
 
 
 def entitled(ctx: Cycle, c: Candidate) -> bool:
-    """Does ``c`` keep its queue, at every level, within its fair share (or deserved quota)?"""
+    """Does ``c`` keep its queue, at every level, within its fair share (which is never below its
+    guarantee)?"""
     amt = c.amount[0]
     for x in ctx.tree.path(c.w.queue):
-        bound = max(ctx.tree.queues[x].deserved.get("gpu", 0.0), ctx.fair[x].get("gpu", 0.0))
-        if ctx.effective(x)[0] + ctx.reserved[x] + amt > bound + EPS:
+        if ctx.effective(x)[0] + ctx.reserved[x] + amt > ctx.fair[x].get("gpu", 0.0) + EPS:
             return False
     return True
 

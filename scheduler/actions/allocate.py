@@ -126,10 +126,10 @@ def _maybe_behind(ctx: Cycle, c: Candidate, lowest: dict[str, int]) -> None:
 
 def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float, float]:
     """The interval (lo, hi] of amounts that rank a queue as ``amount`` does: the queue order
-    changes with the amount only where it crosses deserved - held at some level of ``path``."""
+    changes with the amount only where it crosses guarantee - held at some level of ``path``."""
     lo, hi = float("-inf"), float("inf")
     for x in path:
-        r = ctx.tree.queues[x].deserved.get("gpu", 0.0) + EPS - ctx.effective(x)[0] - ctx.reserved[x]
+        r = ctx.guar[x] + EPS - ctx.effective(x)[0] - ctx.reserved[x]
         if amount > r:
             lo = max(lo, r)
         else:

@@ -79,7 +79,7 @@ def consolidate(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
 
 
 def _borrowed(ctx: Cycle, on_node: dict[int, list[Workload]]) -> dict[int, list[Workload]]:
-    """The movers whose queue holds more than its deserved quota (they run on a loan too)."""
+    """The movers whose queue holds more than its guarantee (they run on a loan too)."""
     over = {}
     out: dict[int, list[Workload]] = {}
     for n, vs in on_node.items():
@@ -87,7 +87,7 @@ def _borrowed(ctx: Cycle, on_node: dict[int, list[Workload]]) -> dict[int, list[
         for v in vs:
             o = over.get(v.queue)
             if o is None:
-                o = over[v.queue] = ctx.effective(v.queue)[0] > ctx.tree.queues[v.queue].deserved.get("gpu", 0.0) + EPS
+                o = over[v.queue] = ctx.effective(v.queue)[0] > ctx.guar[v.queue] + EPS
             if o:
                 keep.append(v)
         if keep:

@@ -39,9 +39,9 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         w = c.w
         room = headroom[w.queue]
         amt = c.amount[0]
-        if c.quota_bound or amt <= 0 or amt > room + EPS:
-            # quota-bound, or the reclaimer would end above its fair share
-            if amt > room + EPS:
+        if c.quota_bound or amt <= 0 or room <= EPS:
+            # quota-bound, or its queue already holds its fair share
+            if room <= EPS:
                 _above_share(ctx, w.queue, [c], shares)
             continue
         if pipeline(ctx, c):
@@ -69,10 +69,10 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         victims = found[0]
         fair = ctx.fair[w.queue].get("gpu", 0.0)
         for v in victims:
-            ap, _, held, deserved = budget.sides[v.queue][:4]
+            ap, _, held, guar = budget.sides[v.queue][:4]
             st.evict(v, Evict(v.id, Cause.RECLAIM.value, (
                 f"preempted: reclaimed by queue {w.queue}, which is below its fair share ({fair:g} GPUs); "
-                f"{ap} holds {held:g} GPUs (deserved {deserved:g}, fair share {ctx.fair[ap].get('gpu', 0.0):g})"),
+                f"{ap} holds {held:g} GPUs (guaranteed {guar:g}, fair share {ctx.fair[ap].get('gpu', 0.0):g})"),
                 w.id))
         st.reserve(ctx.reservation_for(c, placements, Code.RECLAIMING, need=amt))
         st.commit()
@@ -114,7 +114,9 @@ def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, sides: set[str],
              protected: list[Workload]) -> tuple | None:
     """The reason a reclaim found no victims, when there is one more precise than capacity."""
     if budget.refused:
-        return Code.RECLAIM_REFUSED, {**c.detail, "holder": budget.refused}
+        q = c.w.queue
+        return Code.RECLAIM_REFUSED, {**c.detail, **budget.why, "queue_held": ctx.effective(q)[0] + ctx.reserved[q],
+                                      "queue_fair": ctx.fair[q].get("gpu", 0.0)}
     young = [v for v in protected if v.queue != c.w.queue and budget.candidate_side(v.queue)]
     if not young:
         return None
