@@ -403,6 +403,8 @@ class Cycle:
                 why = f"its victims did not release the capacity within {timeout:g}s"
             elif r.code == Code.RECLAIMING and w.phase == Phase.PENDING:
                 why = self._unentitled(w)
+            if not why and not w.preemptible and w.phase == Phase.PENDING:
+                why = self._nonpreemptible_blocked(w)
             if not why:
                 why = self._hold(w, r)
             if why:
@@ -422,6 +424,18 @@ class Cycle:
         if held >= fair - EPS and held + amt > fair + EPS:
             return (f"queue {q} holds {held:g} GPUs without it, its fair share of {fair:g}, "
                     f"and would hold {held + amt:g} with it")
+        return ""
+
+    def _nonpreemptible_blocked(self, w: Workload) -> str:
+        """Why a non-preemptible holder can no longer bind whatever is released for it (empty: it
+        still can): other non-preemptible work of its queue took the deserved quota it counted on
+        meanwhile. Its reservation would only keep the capacity from everyone until it times out."""
+        held = self.nonpre[w.queue][0]
+        amt = self.amounts[w.id][0]
+        deserved = self.tree.queues[w.queue].deserved.get("gpu", 0.0)
+        if amt > 0 and held + amt > deserved + EPS:
+            return (f"queue {w.queue}'s deserved {deserved:g} GPUs are held by other non-preemptible work "
+                    f"({held:g} GPUs), so it cannot bind")
         return ""
 
     def _hold(self, w: Workload, r: Reservation) -> str:

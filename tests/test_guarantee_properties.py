@@ -469,8 +469,6 @@ def test_regress_no_consolidation_for_a_borrower_while_a_reclaim_is_due():
     assert not thrash(report), thrash(report)
 
 
-@pytest.mark.xfail(strict=True, reason="open: an entitled workload reclaiming 4 GPUs starts later than the "
-                                       "liveness bound (found by a random hunt; see the scenario's header)")
 def test_regress_reclaiming_workload_starts_within_the_bound():
     late, report = liveness_failures(scenario_data("regress_reclaiming_gang_late"), 1)
     assert report["metrics"]["invariant_violations"] == 0

@@ -115,3 +115,27 @@ def test_regress_a_small_reclaim_does_not_hand_a_large_victim_on():
     report = simulate(load_scenario(SCENARIOS / "regress_small_reclaim_large_victim.yaml"), seed=1)
     assert not evictions(report, after=150), evictions(report, after=150)
     no_thrash(report)
+
+
+def test_a_reservation_whose_holder_cannot_bind_is_dropped():
+    """Found by a random liveness hunt: a non-preemptible gang held a reservation for its priority
+    preemption, a lower-priority non-preemptible workload of its queue then bound elsewhere within
+    the deserved quota, and the gang could no longer bind at all; its reservation kept 4 free GPUs
+    from an entitled workload of a sibling queue until it timed out (tests/scenarios/
+    regress_reclaiming_gang_late.yaml). Such a reservation is dropped at once."""
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.model import (NodeSpec, Phase, PodPlacement, Reservation, SchedulerConfig, Snapshot,
+                                         Workload)
+    from gpupool.scheduler.reasons import Code
+    queues = [QueueSpec("dept", deserved={"gpu": 8}), QueueSpec("p1", "dept", deserved={"gpu": 4}),
+              QueueSpec("p2", "dept", deserved={"gpu": 4})]
+    nodes = [NodeSpec("a", 4), NodeSpec("b", 4)]
+    low = Workload("low", "p2", kind="inference", gpus=2, priority=10, phase=Phase.RUNNING, started_at=90,
+                   placements=(PodPlacement(0, "b", (0, 1)),))
+    gang = Workload("gang", "p2", kind="inference", gpus=1, pods=4, priority=80)
+    w12 = Workload("w12", "p1", kind="train", gpus=4, submit_time=95)
+    held = Reservation("gang", tuple(PodPlacement(i, "a", (i,)) for i in range(4)), Code.PREEMPTING, 85.0)
+    snap = Snapshot(100, nodes, queues, [low, gang, w12], reservations=[held])
+    result = Scheduler(SchedulerConfig(preemption_grace=2)).schedule(snap)
+    assert "gang" in result.dropped and "non-preemptible" in result.dropped["gang"]
+    assert [b.workload for b in result.binds] == ["w12"]
