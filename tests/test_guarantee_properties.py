@@ -26,7 +26,8 @@ Properties:
      non-preemptible workloads, every workload of ``Q`` itself, and every workload of a queue
      within its deserved. Releasing workloads count as free (they leave within a grace period).
      "Fits" is exact for identical pods and no CPU/memory requests: per node, whole-GPU pods
-     take entirely free GPUs, fractional pods take per-GPU free milli-GPU.
+     take entirely free GPUs, fractional pods take per-GPU free milli-GPU (a gang's pods each a
+     GPU of their own).
 
   ``V`` is searched among subsets of up to 3 victims (after checking that freeing every
   individually valid candidate fits at all), so the check can miss an entitlement but never
@@ -166,6 +167,8 @@ def _fits(w, nodes, used: dict[tuple[str, int], int]) -> bool:
         free = [MILLI - used.get((n.name, g), 0) for g in range(n.gpus)]
         if whole:
             pods += sum(1 for f in free if f >= MILLI) // whole
+        elif w.pods > 1:  # the pods of a gang never share a GPU
+            pods += sum(1 for f in free if f >= milli)
         else:
             pods += sum(f // milli for f in free)
         if pods >= w.pods:

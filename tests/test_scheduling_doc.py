@@ -7,7 +7,7 @@ import yaml
 
 from gpupool.scheduler import (Phase, PodPlacement, Scheduler, SchedulerConfig, Snapshot, parse_nodes,
                                parse_queues, parse_workload)
-from gpupool.scheduler.fairshare import QueueTree, fair_shares
+from gpupool.scheduler.fairshare import QueueTree, fair_shares, guarantees
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduling.md"
 BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
@@ -57,6 +57,9 @@ def check(result, expect: dict) -> None:
         assert text in str(result.pending[wid]), str(result.pending[wid])
     for wid, code in expect.get("reason_code", {}).items():
         assert result.pending[wid].code.value == code, str(result.pending[wid])
+    bound = {b.workload: b for b in result.binds}
+    for wid, gpus in expect.get("gpus", {}).items():  # per pod: [node, [gpu ids]]
+        assert [[p.node, list(p.gpus)] for p in bound[wid].placements] == gpus, bound[wid].placements
     for b in result.binds:
         assert b.reason
 
@@ -80,8 +83,11 @@ def test_example(ex):
         for q, want in ex["expect_fair_share"].items():
             for res, v in want.items():
                 assert got[q][res] == pytest.approx(v, abs=1e-3), (q, res, got[q])
+        if "expect_guarantee" in ex:
+            g = guarantees(tree, ex["demand"], ex["capacity"]["gpu"])
+            assert {q: round(g[q], 3) for q in ex["expect_guarantee"]} == ex["expect_guarantee"]
         return
-    sched = Scheduler(SchedulerConfig())
+    sched = Scheduler(SchedulerConfig(**ex.get("config", {})))
     snap = build_snapshot(ex)
     result = sched.schedule(snap)
     check(result, ex["expect"])

@@ -6,14 +6,20 @@ recalled, and it would be preempted again at once.
 
 At the queue's limit too: the victims free the headroom the preemptor needs, so a plan must give
 back at least what the preemptor would take beyond the limit.
+
+Combined: when the lower-priority workloads of its queue are not enough, and with them gone its
+queue would be below its fair share, the rest may come from borrowers of other queues by the
+reclaim rules (``plan.ReclaimBudget``), in one statement: the fewest of its own lower-priority
+workloads (cheapest first) that let a reclaim plan fit.
 """
 from __future__ import annotations
 
-from ..cycle import SEQ, Candidate, Cycle, expand
+from ..cycle import SEQ, Candidate, Cycle, Statement, expand
 from ..fairshare import EPS
 from ..model import Evict, Workload
-from ..plan import Budget, make_room, plan
+from ..plan import MAX_ATTEMPTS, Budget, ReclaimBudget, make_room, plan
 from ..reasons import Cause, Code
+from ..victims import victim_key
 from . import pipeline
 
 
@@ -75,6 +81,8 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             continue
         cands = [v for v in by_queue[w.queue] if v.priority < w.priority and v.id not in ctx.evicted]
         found = plan(ctx, c, cands, Budget(), need_freed) if cands else None
+        if found is None and cands and c.code != Code.LIMIT and _combined(ctx, c, cands):
+            continue
         if found is None:
             tried.add(key)
             left.append(c)
@@ -86,11 +94,57 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
         st, placements = opened
         victims = found[0]
         for v in victims:
-            st.evict(v, Evict(v.id, Cause.PRIORITY.value, (
-                f"preempted: higher-priority {w.kind} workload {w.id} (priority {w.priority}) needs the GPUs "
-                f"in queue {w.queue}"), w.id))
+            st.evict(v, _priority_evict(v, w))
         st.reserve(ctx.reservation_for(c, placements, Code.PREEMPTING))
         st.commit()
         ctx.wait(c, Code.PREEMPTING)
     left.sort(key=SEQ)
     return left
+
+
+def _combined(ctx: Cycle, c: Candidate, own: list[Workload]) -> bool:
+    """Preempt lower-priority workloads of ``c``'s queue and reclaim the rest from other queues'
+    borrowers, in one statement (module doc). True when a plan was made and committed."""
+    w = c.w
+    t = ctx.now_t
+    own = sorted(own, key=lambda v: victim_key(v, t, ctx.amounts[v.id][0]))
+    others = [v for v in ctx.preemptible_running() if v.queue != w.queue]
+    if not others:
+        return False
+    amt = c.amount[0]
+    for k in range(1, min(len(own), MAX_ATTEMPTS) + 1):
+        st = Statement(ctx, ctx.future)
+        for v in own[:k]:
+            st.remove(v, v.placements)
+            st.evict(v, _priority_evict(v, w))
+        found = None
+        if ctx.over(w.queue) < -EPS:  # below its fair share once its own victims are gone
+            budget = ReclaimBudget(ctx, w.queue, amt)
+            sides = {v.queue for v in others if budget.candidate_side(v.queue)}
+            found = plan(ctx, c, None, budget, queues=sides) if sides else None
+        if found is None:
+            st.rollback()
+            continue
+        reclaimed, mask = found
+        for v in reclaimed:
+            st.remove(v, v.placements)
+        placements = ctx.place(c.restricted(mask), st)
+        if placements is None:  # cannot happen: the plan was probed
+            st.rollback()
+            return False
+        st.claim(w, amt)
+        for v in reclaimed:
+            st.evict(v, Evict(v.id, Cause.RECLAIM.value, (
+                f"preempted: reclaimed by queue {w.queue} for its higher-priority {w.kind} workload {w.id}, "
+                f"which also preempts lower-priority workloads of its own queue"), w.id))
+        st.reserve(ctx.reservation_for(c, placements, Code.PREEMPTING))
+        st.commit()
+        ctx.wait(c, Code.PREEMPTING)
+        return True
+    return False
+
+
+def _priority_evict(v: Workload, w: Workload) -> Evict:
+    return Evict(v.id, Cause.PRIORITY.value, (
+        f"preempted: higher-priority {w.kind} workload {w.id} (priority {w.priority}) needs the GPUs "
+        f"in queue {w.queue}"), w.id)
