@@ -139,3 +139,10 @@ def test_a_reservation_whose_holder_cannot_bind_is_dropped():
     result = Scheduler(SchedulerConfig(preemption_grace=2)).schedule(snap)
     assert "gang" in result.dropped and "non-preemptible" in result.dropped["gang"]
     assert [b.workload for b in result.binds] == ["w12"]
+
+
+def test_regress_combined_preemption_between_borrowers_does_not_swap_back_and_forth():
+    from test_guarantee_properties import thrash  # the stability property's own judge
+
+    report = simulate(load_scenario(SCENARIOS / "regress_combined_between_borrowers.yaml"), seed=0)
+    assert not thrash(report), thrash(report)

@@ -7,9 +7,9 @@ recalled, and it would be preempted again at once.
 At the queue's limit too: the victims free the headroom the preemptor needs, so a plan must give
 back at least what the preemptor would take beyond the limit.
 
-Combined: when the lower-priority workloads of its queue are not enough, and with them gone its
-queue would be below its fair share, the rest may come from borrowers of other queues by the
-reclaim rules (``plan.ReclaimBudget``), in one statement: the fewest of its own lower-priority
+Combined: when the lower-priority workloads of its queue are not enough, and with them gone the
+preemptor keeps its queue within its guarantee, the rest may come from borrowers of other queues
+by the reclaim rules (``plan.ReclaimBudget``), in one statement: the fewest of its own lower-priority
 workloads (cheapest first) that let a reclaim plan fit.
 """
 from __future__ import annotations
@@ -118,7 +118,9 @@ def _combined(ctx: Cycle, c: Candidate, own: list[Workload]) -> bool:
             st.remove(v, v.placements)
             st.evict(v, _priority_evict(v, w))
         found = None
-        if ctx.over(w.queue) < -EPS:  # below its fair share once its own victims are gone
+        # only within its guarantee once its own victims are gone: a borrower swapping by priority
+        # takes no other borrower's GPUs (two borrowing queues would take them back and forth)
+        if ctx.effective(w.queue)[0] + ctx.reserved[w.queue] + amt <= ctx.guar[w.queue] + EPS:
             budget = ReclaimBudget(ctx, w.queue, amt)
             sides = {v.queue for v in others if budget.candidate_side(v.queue)}
             found = plan(ctx, c, None, budget, queues=sides) if sides else None
