@@ -92,7 +92,7 @@ def _refusal(q: str, d: dict) -> str:
                 f"of {_gpus(d['taken'])}; taking them would leave the two queues further from their fair "
                 f"shares than now ({mine})")
     return (f"the GPUs that would make room belong to {h}, which holds {held} of its fair share of {fair}; "
-            f"{mine}, and {h} is no further above its share than {q} is below")
+            f"{mine}: relative to their fair shares, {h} is no better off than {q}")
 
 
 def _sentence(p: Pending) -> str:
