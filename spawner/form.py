@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from ..contract import format_bytes, format_gpus, format_request, parse_bytes
-from ..hub_ext.gpus import check_gpus
+from ..hub_ext.domain.gpus import check_gpus
 from ..templating import render
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

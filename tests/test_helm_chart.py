@@ -253,7 +253,7 @@ def test_grafana_dashboard_uses_the_services_metrics(chart):
     import json
     import re
 
-    from gpupool.hub_ext.metrics import Metrics
+    from gpupool.hub_ext.runtime.metrics import Metrics
 
     assert not [d for d in by_kind(render(chart, values("default")), "ConfigMap") if "grafana" in d["metadata"]["name"]]
     docs = render(chart, {**values("default"), "grafana": {"dashboard": {"enabled": True}}})

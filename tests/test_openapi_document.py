@@ -14,7 +14,7 @@ SERVER, QUEUES = "/services/gpupool/api/v1", ("cv", "nlp")
 
 
 def current() -> dict:
-    from gpupool.hub_ext.openapi import document
+    from gpupool.hub_ext.web.openapi import document
 
     doc = document(SERVER, QUEUES)
     doc["info"]["version"] = "(version)"  # the package's version is not part of the API's shape

@@ -144,9 +144,9 @@ async def test_queue_removed_from_config_keeps_its_gpus_booked(tmp_path):
     import time
 
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
 
     settings = load({"nodes": [{"name": "box", "gpus": 1}], "queues": [{"name": "new", "deserved": {"gpu": 1}}],
                      "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
