@@ -43,6 +43,7 @@ from .web import dashboard
 from .web import schemas as S
 from .web.auth import Authenticator
 from .web.routes import routes
+from .web.validation import Invalid, parse
 
 log = logging.getLogger("gpupool")
 
@@ -99,8 +100,8 @@ def _typed(model: type[S.BaseModel], request: Any) -> Any:
     if isinstance(request, model):
         return request
     try:
-        return S.parse(model, request)
-    except S.Invalid as e:
+        return parse(model, request)
+    except Invalid as e:
         raise APIError(400, e.message, e.field) from None
 
 

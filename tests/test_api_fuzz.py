@@ -99,10 +99,10 @@ def test_validation_survives_python_O():
     import subprocess
     import sys
 
-    code = ("from gpupool.hub_ext.web import schemas as S\n"
+    code = ("from gpupool.hub_ext.web import schemas as S, validation as V\n"
             "for model, data in ((S.LogQuery, {'offset': '-1'}), (S.JobListQuery, {'limit': '0'}),\n"
             "                    (S.MetricRequest, {'name': 'x', 'value': float('nan')})):\n"
-            "    try:\n        S.parse(model, data)\n    except S.Invalid as e:\n        print(e.field)\n")
+            "    try:\n        V.parse(model, data)\n    except V.Invalid as e:\n        print(e.field)\n")
     res = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["offset", "limit", "value"], res
 

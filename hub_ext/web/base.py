@@ -14,6 +14,7 @@ from ..domain.errors import APIError
 from ..domain.identity import Identity
 from ..store import tables as D
 from . import schemas
+from .validation import Invalid, parse
 from .auth import AuthError
 from .scopes import ADMIN_SCOPE, Need, need_of
 
@@ -58,7 +59,7 @@ class BaseHandler(web.RequestHandler):
             raise APIError(403, f"this needs the {ADMIN_SCOPE} scope")
 
     def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, schemas.Invalid):
+        if isinstance(e, Invalid):
             e = APIError(400, e.message, e.field)
         if isinstance(e, APIError):
             if not self._finished:
@@ -91,12 +92,12 @@ class BaseHandler(web.RequestHandler):
             except (ValueError, RecursionError) as e:
                 raise APIError(400, f"body: not valid JSON ({e})", "body") from None
             _check_text(data)
-        return schemas.parse(model, data)
+        return parse(model, data)
 
     def query(self, model: type[schemas.BaseModel]) -> Any:
         """The query arguments as ``model`` (the last value of a repeated argument)."""
         args = {k: self.get_argument(k) for k in self.request.query_arguments}
-        return schemas.parse(model, args)
+        return parse(model, args)
 
     def own_or_admin(self, user: str | None, what: str) -> str | None:
         """``?user=`` of a listing: admins may name anyone (None: everyone), others only themselves."""

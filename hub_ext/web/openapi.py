@@ -17,7 +17,6 @@ from pydantic.json_schema import models_json_schema
 
 from ... import __version__ as _version
 from ... import contract as C
-from . import answers
 from . import schemas as S
 from .base import BaseHandler
 from .cluster import HealthHandler, MetricsHandler, NodesHandler, QueuesHandler
@@ -73,20 +72,20 @@ _NOTEBOOK = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
              "cells": [{"cell_type": "code", "id": "c0", "metadata": {}, "source": "print(lr)", "outputs": [],
                         "execution_count": None}]}
 OPERATIONS = (
-    Op("get", "/health", "Liveness and the number of scheduling cycles run", HealthHandler, answers.Health, errors=()),
+    Op("get", "/health", "Liveness and the number of scheduling cycles run", HealthHandler, S.Health, errors=()),
     Op("get", "/openapi.json", "This document", OpenAPIHandler, "application/json", errors=()),
     Op("get", "/metrics", "Prometheus metrics (a token only with c.GPUPool.metrics_require_auth)",
        MetricsHandler, "text/plain", errors=()),
     Op("get", "/queues", "Queues with quota, fair share, allocation and whether you may submit", QueuesHandler,
-       answers.QueueList,
+       S.QueueList,
        query=S.QueuesQuery, errors=(400, 401, 403)),
-    Op("get", "/nodes", "Nodes and their GPUs with allocations and live readings", NodesHandler, answers.NodeList),
-    Op("get", "/jobs", "Your jobs (admins: everyone's), filtered", JobsHandler, answers.JobList, query=S.JobListQuery,
+    Op("get", "/nodes", "Nodes and their GPUs with allocations and live readings", NodesHandler, S.NodeList),
+    Op("get", "/jobs", "Your jobs (admins: everyone's), filtered", JobsHandler, S.JobList, query=S.JobListQuery,
        errors=(400, 401, 403)),
-    Op("post", "/jobs", "Submit a notebook job", JobsHandler, answers.Job, 201, body=S.JobRequest, errors=(400, 401, 403, 503),
+    Op("post", "/jobs", "Submit a notebook job", JobsHandler, S.Job, 201, body=S.JobRequest, errors=(400, 401, 403, 503),
        example={"notebook_content": _NOTEBOOK, "parameters": {"lr": 0.1}, "gpus": 0.5, "name": "example"}),
-    Op("get", "/jobs/{job_id}", "One job", JobHandler, answers.Job, errors=(401, 403, 404)),
-    Op("delete", "/jobs/{job_id}", "Cancel a job (a running one stops with the grace period)", JobHandler, answers.Job,
+    Op("get", "/jobs/{job_id}", "One job", JobHandler, S.Job, errors=(401, 403, 404)),
+    Op("delete", "/jobs/{job_id}", "Cancel a job (a running one stops with the grace period)", JobHandler, S.Job,
        errors=(401, 403, 404)),
     Op("get", "/jobs/{job_id}/log", "The log (papermill's or the program's) from a byte offset", JobLogHandler,
        "text/plain",
@@ -96,28 +95,28 @@ OPERATIONS = (
        "application/x-ipynb+json",
        query=S.RankQuery, errors=(400, 401, 403, 404)),
     Op("post", "/jobs/{job_id}/metrics", "Log a metric of a job (its owner or the job's own token)", JobMetricsHandler,
-       answers.MetricOut,
+       S.MetricOut,
        201, body=S.MetricRequest, errors=(400, 401, 403, 404), example={"name": "val_acc", "value": 0.91, "step": 3}),
     Op("get", "/workspaces", "Active workspaces (env only for their owner and admins)", WorkspacesHandler,
-       answers.WorkspaceList),
+       S.WorkspaceList),
     *(op for suffix in ("/workspaces/{user}", "/workspaces/{user}/{server}") for op in (
-        Op("get", suffix, "A workspace (its owner or an admin)", WorkspaceHandler, answers.Workspace, errors=(401, 403, 404)),
+        Op("get", suffix, "A workspace (its owner or an admin)", WorkspaceHandler, S.Workspace, errors=(401, 403, 404)),
         Op("post", suffix, "Ask for admission of a server (admin: the spawner); 201 new, 200 the same request",
-           WorkspaceHandler, answers.Workspace, 201, body=S.WorkspaceRequest, errors=(400, 401, 403, 503),
+           WorkspaceHandler, S.Workspace, 201, body=S.WorkspaceRequest, errors=(400, 401, 403, 503),
            example={"gpus": 1}),
-        Op("delete", suffix, "Free a workspace's GPUs (admin: the spawner)", WorkspaceHandler, answers.Workspace,
+        Op("delete", suffix, "Free a workspace's GPUs (admin: the spawner)", WorkspaceHandler, S.Workspace,
            errors=(401, 403, 404)),
     )),
     Op("get", "/usage", "GPU-hours allocated and used, grouped (yours; admins: everyone's or user's)", UsageHandler,
-       answers.Usage,
+       S.Usage,
        query=S.UsageQuery, errors=(400, 401, 403), also=("text/csv",),
        headers={"Content-Disposition": "with format=csv: attachment; filename=gpupool-usage-by-<by>.csv"}),
     Op("get", "/usage/history", "Stored NVML readings per GPU (of one workload: its owner or an admin)",
-       UsageHistoryHandler, answers.UsageHistory, query=S.UsageHistoryQuery, errors=(400, 401, 403, 404)),
+       UsageHistoryHandler, S.UsageHistory, query=S.UsageHistoryQuery, errors=(400, 401, 403, 404)),
     Op("get", "/suspensions", "Workspaces suspended by an idle rule or their maximum run time (yours; admins: "
-       "everyone's)", SuspensionsHandler, answers.SuspensionList, query=S.SuspensionsQuery, errors=(400, 401, 403)),
+       "everyone's)", SuspensionsHandler, S.SuspensionList, query=S.SuspensionsQuery, errors=(400, 401, 403)),
     Op("post", "/suspensions/{suspension_id}/resume", "Start a suspended server again with the same options "
-       "(its owner or an admin)", ResumeHandler, answers.Suspension, 202, errors=(401, 403, 404, 409, 502)),
+       "(its owner or an admin)", ResumeHandler, S.Suspension, 202, errors=(401, 403, 404, 409, 502)),
 )
 _PATH_PARAMS = {
     "job_id": {"type": "string", "pattern": C.JOB_ID_PATTERN, "description": "a job id such as j-000042"},
@@ -152,7 +151,7 @@ def _only_queues(prop: dict, queues: tuple[str, ...]) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _document(server: str, queues: tuple[str, ...]) -> dict:
-    models = sorted({m for op in OPERATIONS for m in (op.answer, op.body) if isinstance(m, type)} | {answers.Error},
+    models = sorted({m for op in OPERATIONS for m in (op.answer, op.body) if isinstance(m, type)} | {S.Error},
                     key=lambda m: m.__name__)
     _, defs = models_json_schema([(m, "validation") for m in models], ref_template=REF)
     schemas = defs.get("$defs", {})

@@ -1,5 +1,5 @@
-"""Typed requests of the REST API (pydantic v2); the answers are in answers.py, and the OpenAPI
-3.1 document is built from both (openapi.py, ``GET api/v1/openapi.json``).
+"""Typed requests and answers of the REST API (pydantic v2), from which the OpenAPI 3.1 document
+is built (openapi.py, ``GET api/v1/openapi.json``).
 
 Request models check shapes, types and the limits users need (stated once, in
 :mod:`gpupool.contract`); what depends on the pool (queues, node sizes, the scheduler's rules for
@@ -7,7 +7,7 @@ fractions) is checked by the service after them. To add a field to a request, ad
 the service, the error messages and the OpenAPI document follow.
 
 Every validation error becomes one 400 whose message starts with the field's name
-(``"gpus: must be a number"``) and whose payload names it (``"field": "gpus"``).
+(``"gpus: must be a number"``) and whose payload names it (``"field": "gpus"``): validation.py.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import json
 import math
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError,
-                      ValidationInfo, WithJsonSchema, field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema,
+                      field_validator)
 
 from ... import contract as C
 from ...scheduler.units import parse_cpu
@@ -251,72 +251,204 @@ class SuspensionsQuery(Query):
     all: Annotated[bool, Field(description="also the resumed ones")] = False
 
 
-# ---------------------------------------------------------------------------- errors -> 400
+# ---------------------------------------------------------------------------- answers
+# Open models (more fields may come): the document states what clients may rely on. The handlers
+# serialise through them (views.py).
 
-class Invalid(Exception):
-    """A request that fails its model: ``field`` and a message starting with it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, f"{field}: {message}"
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
 
-def _num(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
+class Error(Answer):
+    status: int = Field(ge=400, le=599)
+    message: str
+    field: Optional[str] = None
 
 
-def _words(err: dict, model: type[BaseModel]) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "missing":
-        return "is required"
-    if kind == "extra_forbidden":
-        what = "parameter" if issubclass(model, Query) else "field"
-        return f"unknown {what} (allowed: {', '.join(sorted(model.model_fields))})"
-    if kind.startswith("int_"):
-        return "must be an integer"
-    if kind == "finite_number":
-        return "must be a finite number"
-    if kind.startswith("float_"):
-        return "must be a number"
-    if kind.startswith("bool_"):
-        return "must be true or false"
-    if kind.startswith("string_type"):
-        return "must be a string"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return "must be an object"
-    if kind == "list_type":
-        return "must be a list"
-    if kind == "too_long":
-        return f"must have at most {ctx.get('max_length')} items"
-    if kind == "string_too_long":
-        return f"must be at most {ctx.get('max_length')} characters"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "string_pattern_mismatch":
-        return "must not be blank" if ctx.get("pattern") == r"\S" else f"must match {ctx.get('pattern')}"
-    if kind == "greater_than_equal":
-        return f"must be >= {_num(ctx.get('ge'))}"
-    if kind == "greater_than":
-        return f"must be > {_num(ctx.get('gt'))}"
-    if kind == "less_than_equal":
-        return f"must be at most {_num(ctx.get('le'))}"
-    if kind == "less_than":
-        return f"must be below {_num(ctx.get('lt'))}"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected', '').replace(chr(39), '')}"
-    if kind == "value_error":
-        return str(ctx.get("error") or err.get("msg"))
-    return str(err.get("msg") or "is not valid")
+class PlacementOut(Answer):
+    node: str
+    gpus: list[int]
+    fraction: float
 
 
-def parse(model: type[BaseModel], data: Any) -> Any:
-    """``model`` from ``data`` (a dict), or :class:`Invalid` naming the first bad field."""
-    if not isinstance(data, dict):
-        raise Invalid("body", "must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        loc = [str(x) for x in err.get("loc", ()) if not isinstance(x, int)]
-        field = loc[0] if loc else "body"
-        raise Invalid(field, _words(err, model)) from None
+ReasonCode = Annotated[Literal[C.REASON_CODES], Field(  # type: ignore[valid-type]
+    description="why it waits, for programs (reason is the sentence for people); null when not waiting in a queue")]
+
+
+class Job(Answer):
+    id: str = Field(pattern=C.JOB_ID_PATTERN)
+    name: str
+    user: str
+    queue: str
+    kind: Literal[C.JOB_KINDS]  # type: ignore[valid-type]
+    status: Literal[C.STATUSES]  # type: ignore[valid-type]
+    reason: str
+    reason_code: Optional[ReasonCode] = None
+    position: Optional[int]
+    gpus: float
+    gpu_memory: Optional[int]
+    cpu: float
+    memory: int
+    priority: int
+    preemptible: bool
+    checkpoint_on_signal: bool
+    notebook: Optional[str]
+    parameters: dict[str, Any]
+    sweep: Optional[str]
+    submitted_at: str
+    started_at: Optional[str]
+    finished_at: Optional[str]
+    preemptions: int
+    restarts: int
+    attempts: int
+    allocation: list[PlacementOut]
+    exit_code: Optional[int]
+    metrics: dict[str, list[dict[str, Any]]]
+    checkpoint: Optional[dict[str, Any]]
+    script: Optional[str] = None
+    args: Optional[list[str]] = None
+    command: Optional[list[str]] = None
+    pods: int = 1
+    workers: list[dict[str, Any]] = []
+
+
+class JobList(Answer):
+    jobs: list[Job]
+
+
+class Workspace(Answer):
+    id: str
+    user: str
+    server: str
+    status: Literal[C.WORKSPACE_STATUSES]  # type: ignore[valid-type]
+    reason_code: Optional[ReasonCode] = None
+    queue: str
+    gpus: float
+    gpu_memory: Optional[int]
+    cpu: float
+    memory: int
+    preemptible: bool
+    priority: int
+    reason: str
+    position: Optional[int]
+    allocation: list[PlacementOut]
+    submitted_at: str
+    started_at: Optional[str]
+    env: Optional[dict[str, str]] = None
+
+
+class WorkspaceList(Answer):
+    workspaces: list[Workspace]
+
+
+class Queue(Answer):
+    name: str
+    parent: Optional[str]
+    deserved: dict[str, float]
+    limit: dict[str, float]
+    over_quota_weight: float
+    priority: int
+    fair_share: dict[str, float]
+    allocated: dict[str, float]
+    running: int
+    pending: int
+    users: list[str]
+    groups: list[str]
+    may_submit: bool
+
+
+class QueueList(Answer):
+    queues: list[Queue]
+
+
+class GpuOut(Answer):
+    index: int
+    uuid: Optional[str]
+    allocated: float
+    utilization: Optional[float]
+    memory_used: Optional[int]
+    memory_total: Optional[int]
+    allocations: list[dict[str, Any]]
+
+
+class Node(Answer):
+    name: str
+    gpu_model: str
+    gpu_memory: int
+    schedulable: bool
+    labels: dict[str, str]
+    gpus: list[GpuOut]
+    unschedulable_reason: Optional[str] = None
+
+
+class NodeList(Answer):
+    nodes: list[Node]
+
+
+class MetricOut(Answer):
+    job: str
+    name: str
+    step: Optional[int]
+    value: float
+    t: str
+
+
+class Health(Answer):
+    ok: bool
+    cycles: int
+
+
+class UsageRow(Answer):
+    """GPU-hours of one group; the group's name is under the grouping's key (``"user": "alice"``,
+    ``"day": "2026-11-02"``; ``"total"`` in the total)."""
+
+    allocated_gpu_hours: float = Field(ge=0)
+    used_gpu_hours: Optional[float] = Field(description="null: no NVML reading covered the allocation (unknown)")
+    measured_gpu_hours: float = Field(ge=0, description="the allocated GPU-hours that had readings")
+    utilization: Optional[float] = Field(description="percent: used / measured; null when unknown")
+    workloads: int = Field(ge=0)
+
+
+class Usage(Answer):
+    since: str
+    until: str
+    by: Literal[C.USAGE_GROUPS]  # type: ignore[valid-type]
+    user: Optional[str] = Field(description="whose usage (null: everyone's, for admins)")
+    rows: list[UsageRow]
+    total: UsageRow
+
+
+class Reading(Answer):
+    t: str = Field(description="the start of the period the reading covers")
+    seconds: float
+    utilization: Optional[float]
+    memory_used: Optional[int]
+
+
+class GpuSeries(Answer):
+    node: str
+    gpu: int
+    points: list[Reading]
+
+
+class UsageHistory(Answer):
+    since: str
+    until: str
+    workload: Optional[str]
+    series: list[GpuSeries]
+
+
+class Suspension(Answer):
+    id: int
+    user: str
+    server: str
+    workload: str
+    options: dict[str, Any] = Field(description="what the server asked for: resuming starts it with these")
+    reason: str
+    suspended_at: str
+    resumed_at: Optional[str]
+    resumed_by: Optional[str]
+
+
+class SuspensionList(Answer):
+    suspensions: list[Suspension]

@@ -1,4 +1,4 @@
-"""Answers of the REST API, serialised through their models (web/answers.py): a field of an
+"""Answers of the REST API, serialised through their models (web/schemas.py): a field of an
 answer model that is a column of the workload's row is copied by name; what is derived (ids,
 times, reasons of waiting workloads, allocations, workers) is said here once."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ from sqlalchemy import select
 
 from ... import contract as C
 from ..store import tables as D
-from . import answers
+from . import schemas
 from .base import iso
 
 COLUMNS = frozenset(D.Workload.__table__.c.keys())
-JOB_COLUMNS = tuple(f for f in answers.Job.model_fields if f in COLUMNS)
-WORKSPACE_COLUMNS = tuple(f for f in answers.Workspace.model_fields if f in COLUMNS and f != "env")
+JOB_COLUMNS = tuple(f for f in schemas.Job.model_fields if f in COLUMNS)
+WORKSPACE_COLUMNS = tuple(f for f in schemas.Workspace.model_fields if f in COLUMNS and f != "env")
 
 
 def _waiting(state: Any, row: Any) -> dict:
@@ -35,7 +35,7 @@ def _common(state: Any, row: Any, columns: tuple[str, ...]) -> dict:
 
 
 def job(state: Any, row: Any, metrics: dict | None = None) -> dict:
-    """``answers.Job`` of a job's row; ``state``: the loop's (runtime/loop.py LoopState)."""
+    """``schemas.Job`` of a job's row; ``state``: the loop's (runtime/loop.py LoopState)."""
     out = _common(state, row, JOB_COLUMNS)
     ckpt = None
     if row.checkpoint_path or row.last_checkpoint_at:
@@ -43,7 +43,7 @@ def job(state: Any, row: Any, metrics: dict | None = None) -> dict:
     out.update(parameters=row.parameters or {}, finished_at=iso(row.finished_at), attempts=row.attempt,
                metrics=metrics if metrics is not None else {}, checkpoint=ckpt, pods=int(row.pods or 1),
                workers=workers(row))
-    return answers.Job.model_validate(out).model_dump(exclude_unset=True)
+    return schemas.Job.model_validate(out).model_dump(exclude_unset=True)
 
 
 def workers(row: Any) -> list[dict]:
@@ -59,24 +59,24 @@ def workers(row: Any) -> list[dict]:
 
 
 def workspace(state: Any, row: Any, activity: dict, env: bool = True, **changes: Any) -> dict:
-    """``answers.Workspace`` of a workspace's row; ``env`` only for its owner and admins."""
+    """``schemas.Workspace`` of a workspace's row; ``env`` only for its owner and admins."""
     out = _common(state, row, WORKSPACE_COLUMNS)
     out["last_activity"] = activity.get((row.user, row.server))
     if env:
         out["env"] = row.env or {} if row.status == D.RUNNING else {}
     out.update(changes)
-    return answers.Workspace.model_validate(out).model_dump(exclude_unset=True)
+    return schemas.Workspace.model_validate(out).model_dump(exclude_unset=True)
 
 
 def suspension(sus: Any) -> dict:
-    return answers.Suspension.model_validate(
+    return schemas.Suspension.model_validate(
         {"id": sus.id, "user": sus.user, "server": sus.server, "workload": sus.workload, "options": sus.options,
          "reason": sus.reason, "suspended_at": iso(sus.suspended_at), "resumed_at": iso(sus.resumed_at),
          "resumed_by": sus.resumed_by}).model_dump(exclude_unset=True)
 
 
 def metric(job_id: str, m: Any) -> dict:
-    return answers.MetricOut.model_validate({"job": job_id, "name": m.name, "step": m.step, "value": m.value,
+    return schemas.MetricOut.model_validate({"job": job_id, "name": m.name, "step": m.step, "value": m.value,
                                              "t": iso(m.t)}).model_dump(exclude_unset=True)
 
 
