@@ -1,4 +1,4 @@
-"""The heavy part of a scheduling cycle runs in a worker process (hub_ext/cycle_worker.py,
+"""The heavy part of a scheduling cycle runs in a worker process (hub_ext/runtime/cycle_worker.py,
 ``c.GPUPool.cycle_in_process``): the same decisions as in a thread, and a worker that dies, or
 hangs (``c.GPUPool.cycle_timeout``), costs no cycle. How much it helps the API's latency is measured by ``benchmarks/api_throughput.py
 --loaded``, not here."""

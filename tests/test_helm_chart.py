@@ -249,7 +249,7 @@ def test_placement_choices_are_the_schedulers():
 
 def test_grafana_dashboard_uses_the_services_metrics(chart):
     """The dashboard ConfigMap is there when enabled, with the sidecar's label, and every metric its
-    panels query is one the gpupool service exports (hub_ext/metrics.py)."""
+    panels query is one the gpupool service exports (hub_ext/runtime/metrics.py)."""
     import json
     import re
 

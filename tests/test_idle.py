@@ -1,4 +1,4 @@
-"""Idle GPUs (hub_ext/idle.py): rules per queue and class, a workspace suspended by the utilisation
+"""Idle GPUs (hub_ext/runtime/idle.py, hub_ext/domain/idle_rules.py): rules per queue and class, a workspace suspended by the utilisation
 a test sets through the pynvml stand-in, then resumed with the same options, on a real hub with
 the GPU-aware spawner."""
 from __future__ import annotations

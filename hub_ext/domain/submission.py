@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import select
 
