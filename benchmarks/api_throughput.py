@@ -93,7 +93,7 @@ def _seed(db_url: str, nodes: int, queues: int, workloads: int, seed: int, kind:
     from cycle_speed import build
     from sqlalchemy import insert
 
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
 
     node_specs, queue_specs, ws = build(nodes, queues, workloads, seed, None)
     racks: dict[str, list] = {}

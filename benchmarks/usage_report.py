@@ -1,4 +1,4 @@
-"""How long a consumption report takes (hub_ext/usage.py) on a ledger and utilisation history of a
+"""How long a consumption report takes (hub_ext/domain/usage.py) on a ledger and utilisation history of a
 given size: the work behind ``GET usage`` and ``gpupool report``.
 
 Builds a SQLite database in a temporary directory: ``--records`` allocation intervals (1 to 8
@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from gpupool.hub_ext import db as D
-    from gpupool.hub_ext import ledger as L
-    from gpupool.hub_ext import sampling as S
-    from gpupool.hub_ext.usage import report
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.store import ledger as L
+    from gpupool.hub_ext.store import samples as S
+    from gpupool.hub_ext.domain.usage import report
 
     rnd = random.Random(1)
     t0 = 1_790_000_000.0

@@ -165,3 +165,24 @@ __all__ = [
     "MAX_LIST", "USAGE_PERIODS", "USAGE_GROUPS", "DEFAULT_USAGE_GROUP", "error_payload", "read_error", "Placement", "allocation_from_api", "allocation_to_api",
     "describe_allocation", "format_bytes", "parse_bytes", "format_gpus", "format_request",
 ]
+
+
+# -- why a workload holding GPUs is asked to stop (its row's ``stop_cause``) ----------------------
+from enum import Enum  # noqa: E402 (this block is kept apart from the rest of the file)
+
+
+class StopCause(str, Enum):
+    """Why a workload that holds GPUs was asked to checkpoint and stop; the value is what the
+    service stores. ``preempt``: the scheduler (or an idle or run-time rule) takes its GPUs and it
+    is requeued; ``cancel``: its owner or an admin cancelled it; ``memory``: it used more GPU
+    memory than its share (``memory_enforcement = 'stop'``) and fails."""
+
+    PREEMPT = "preempt"
+    CANCEL = "cancel"
+    MEMORY = "memory"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+__all__ += ["StopCause"]

@@ -19,12 +19,12 @@ import sys
 from typing import Any
 
 from .config import GPUPool, GPUPoolConfigError, load, to_json
+from .web.home import home_notices
+from .web.scopes import ADMIN_SCOPE, SUBMIT_SCOPE
 
 __all__ = ["configure", "add_idle_culler", "service_endpoint", "GPUPool", "GPUPoolConfigError", "SUBMIT_SCOPE",
            "ADMIN_SCOPE"]
 
-SUBMIT_SCOPE = "custom:gpupool:submit"
-ADMIN_SCOPE = "custom:gpupool:admin"
 SERVER_ROLE_SCOPES = ["users:activity!user", "access:servers!server"]  # JupyterHub's `server` role
 SPAWNER_CLASS = "gpupool.spawner.LocalGPUSpawner"
 
@@ -145,7 +145,7 @@ def configure(c: Any, *, spawner: bool = True) -> None:
     _merge_role(roles, "user", [SUBMIT_SCOPE, f"access:services!service={name}"])
     _merge_role(roles, "gpupool-admin", [ADMIN_SCOPE])
     # list:users + read:servers: the service checks which servers the hub runs (workspace reconcile);
-    # servers: it starts a suspended workspace's server again when its owner resumes it (hub_ext/idle.py)
+    # servers: it starts a suspended workspace's server again when its owner resumes it (web/suspensions.py)
     _merge_role(roles, f"{name}-service", [ADMIN_SCOPE, "read:users", "read:groups", "list:users", "read:servers",
                                             "servers"],
                 services=[name])
@@ -156,8 +156,6 @@ def configure(c: Any, *, spawner: bool = True) -> None:
     templates = os.path.join(os.path.dirname(__file__), "templates", "hub")
     paths = list(_value(c.JupyterHub, "template_paths", []))
     c.JupyterHub.template_paths = [*[p for p in paths if p != templates], templates]
-    from .idle import home_notices
-
     c.JupyterHub.template_vars = {**dict(_value(c.JupyterHub, "template_vars", {})), "gpupool_notices": home_notices}
 
     current = _value(c.Spawner, "server_token_scopes", None)

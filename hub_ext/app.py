@@ -15,31 +15,35 @@ import asyncio
 import fcntl
 import gc
 import importlib
-import json
 import logging
 import os
 import signal
 import sys
 import time
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy import insert, select
 from tornado import web
 
-from .. import contract as C
-from ..scheduler.spec import SpecError, parse_workload
-from . import db as D
-from . import schemas as S
-from .api import APIError, routes, spec_error
-from .auth import Authenticator, Identity
+from ..backends import nvml as nvml_mod
 from .config import GPUPoolConfigError, Settings, from_json
-from .gpus import check_gpus
-from .loop import SchedulerLoop
-from .metrics import Metrics
-from .programs import check_pods, in_workdir, program
-from .reconcile import WorkspaceReconciler
+from .domain.access import QueueAccess
+from .domain.errors import APIError
+from .domain.identity import Identity
+from .domain.submission import Submissions
+from .runtime.idle import IdleChecker
+from .runtime.loop import SchedulerLoop
+from .runtime.metrics import Metrics
+from .runtime.reconcile import WorkspaceReconciler
+from .runtime.sampling import Sampler
+from .store import engine as E
+from .store import tables as D
+from .store.inserter import BatchInserter
+from .web import dashboard
+from .web import schemas as S
+from .web.auth import Authenticator
+from .web.routes import routes
+from .web.validation import Invalid, parse
 
 log = logging.getLogger("gpupool")
 
@@ -58,57 +62,9 @@ def make_backend(name: str, settings: Settings) -> Any:
         raise GPUPoolConfigError(f"c.GPUPool.backend: cannot load {name!r}: {e}") from None
 
 
-class BatchInserter:
-    """Group commit for submissions: the inserts of requests that arrive within a millisecond share
-    one transaction (one SQLite commit), and each request gets its id once that commit is done.
-
-    Requests are validated fully before they get here. Should the database still refuse a batch,
-    its rows are inserted one by one, so that only the request at fault fails (with its own answer)."""
-
-    def __init__(self, engine: Any, delay: float = 0.001):
-        self.engine = engine
-        self.delay = delay
-        self.table = D.Workload.__table__
-        self.pending: list[tuple[dict, asyncio.Future]] = []
-
-    def insert(self, values: dict) -> "asyncio.Future[int]":
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self.pending.append((values, fut))
-        if len(self.pending) == 1:
-            loop.call_later(self.delay, self._flush)
-        return fut
-
-    def _insert(self, rows: list[dict]) -> list[int]:
-        with self.engine.begin() as conn:
-            stmt = insert(self.table).returning(self.table.c.id, sort_by_parameter_order=True)
-            return [r[0] for r in conn.execute(stmt, rows)]
-
-    def _flush(self) -> None:
-        batch, self.pending = self.pending, []
-        try:
-            ids = self._insert([v for v, _ in batch])
-        except Exception:  # nothing of the batch was committed: one by one, each gets its own answer
-            if len(batch) > 1:
-                log.warning("a batch of %d submissions was refused; storing them one by one", len(batch))
-            for values, fut in batch:
-                try:
-                    (new_id,) = self._insert([values])
-                except Exception as e:
-                    log.exception("could not store a submission of %s", values.get("user"))
-                    if not fut.done():
-                        fut.set_exception(APIError(503, f"the gpupool database refused the job: {type(e).__name__}"))
-                else:
-                    if not fut.done():
-                        fut.set_result(new_id)
-            return
-        for (_, fut), new_id in zip(batch, ids):
-            if not fut.done():
-                fut.set_result(new_id)
-
-
 class Service:
-    """Shared state of the handlers: settings, database, loop, auth, metrics; the submission logic."""
+    """What the handlers share (``application.settings["gpupool"]``): settings, database, loop,
+    auth, metrics; queue access and submissions (domain/access.py, domain/submission.py)."""
 
     def __init__(self, settings: Settings, sessions: Any, loop: SchedulerLoop, auth: Authenticator,
                  metrics: Metrics, nvml: Any = None):
@@ -120,224 +76,33 @@ class Service:
         self.nvml = nvml
         # (user, server) -> the hub's last_activity of that server, kept by the workspace reconciler
         self.server_activity: dict[tuple[str, str], str | None] = {}
-        self.inserter = BatchInserter(sessions.kw["bind"])
-        self.queue_map = {q.name: q for q in settings.queues}
-        parents = {q.parent for q in settings.queues if q.parent}
-        self.leaves = [q.name for q in settings.queues if q.name not in parents]
+        self.access = QueueAccess(settings)
+        self.submissions = Submissions(settings, sessions, self.access, BatchInserter(sessions.kw["bind"]), metrics)
 
-    # the node list may change while the service runs (a live Kubernetes inventory): read it each time
-    @property
-    def max_gpus(self) -> int:
-        return max((n.gpus for n in self.settings.nodes), default=0)
+    async def new_job(self, ident: Identity, request: S.JobRequest | dict) -> Any:
+        """Store a job (``request``: the validated body, or a dict, validated here)."""
+        return await self.submissions.new_job(ident, _typed(S.JobRequest, request))
 
-    @property
-    def max_gpu_memory(self) -> int:
-        return max((n.gpu_memory for n in self.settings.nodes if n.gpus), default=0)
-
-    # ------------------------------------------------------------------ queue access
-    def may_use(self, ident: Identity, queue: str) -> bool:
-        if queue not in self.leaves:
-            return False
-        if ident.admin:
-            return True
-        acc = self.settings.access.get(queue, {})
-        users, groups = acc.get("users", []), acc.get("groups", [])
-        if not users and not groups:
-            return True
-        return ident.name in users or any(g in groups for g in ident.groups)
-
-    def default_queue(self, ident: Identity) -> str | None:
-        pref = self.settings.pool.default_queue
-        if pref and self.may_use(ident, pref):
-            return pref
-        return next((q for q in self.leaves if self.may_use(ident, q)), None)
-
-    def _queue(self, ident: Identity, queue: str | None) -> str:
-        if queue is None or queue == "":
-            queue = self.default_queue(ident)
-            if queue is None:
-                raise APIError(403, f"{ident.name} may not use any queue; ask an admin to add you to one in "
-                                    "c.GPUPool.queues", "queue")
-            return queue
-        if queue not in self.queue_map:
-            raise APIError(400, f"queue: unknown queue {queue!r} (queues: {', '.join(self.leaves)})", "queue")
-        if queue not in self.leaves:
-            raise APIError(400, f"queue: {queue!r} is a department (it has child queues); submit to one of its "
-                                "leaf queues", "queue")
-        if not self.may_use(ident, queue):
-            raise APIError(403, f"queue: {ident.name} may not submit to queue {queue!r}", "queue")
-        return queue
-
-    def _resources(self, request: S.Resources, queue: str, kind: str, user: str, **overrides: Any) -> Any:
-        """The scheduler's rules for a request (fractions, whole GPUs, what the nodes can hold)."""
-        entry: dict[str, Any] = {"name": "request", "queue": queue, "kind": kind, "user": user}
-        for key in ("gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible", "checkpoint_on_signal", "pods"):
-            value = overrides.get(key, getattr(request, key, None))
-            if value is not None:
-                entry[key] = value
-        if "gpus" in entry:  # the one GPU rule (hub_ext/gpus.py), shared with the spawn page
-            try:
-                entry["gpus"] = check_gpus(entry["gpus"])
-            except ValueError as e:
-                raise APIError(400, f"gpus: {e}", "gpus") from None
-            if not entry["gpus"]:
-                del entry["gpus"]  # one meaning of zero: no GPU, the same as leaving gpus out
-        try:
-            w = parse_workload(entry, "request", self.queue_map)
-        except SpecError as e:
-            raise spec_error(e) from None
-        if w.gpus > 0 and self.max_gpus == 0:
-            raise APIError(400, "gpus: the pool has no GPUs (ask for gpus: 0 or none)", "gpus")
-        if w.gpus > self.max_gpus:
-            raise APIError(400, f"gpus: no node has {w.gpus:g} GPUs (the largest has {self.max_gpus})", "gpus")
-        if w.gpu_memory:
-            if self.max_gpus == 0:
-                raise APIError(400, "gpu_memory: the pool has no GPUs", "gpu_memory")
-            if self.max_gpu_memory and w.gpu_memory > self.max_gpu_memory:
-                raise APIError(400, f"gpu_memory: no GPU has {C.format_bytes(w.gpu_memory)} "
-                                    f"(the largest has {C.format_bytes(self.max_gpu_memory)})", "gpu_memory")
-        return w
-
-    # ------------------------------------------------------------------ jobs
-    async def new_job(self, ident: Identity, request: S.JobRequest | dict) -> D.Workload:
-        """Check what depends on the pool (queues, nodes, the user's files), then store the job.
-        ``request``: the validated body, or a dict (validated here)."""
-        request = _typed(S.JobRequest, request)
-        nb, content = request.notebook, request.notebook_content
-        prog = program(request.model_dump(), lambda: self.loop.workdir(ident.name))
-        if prog is None and (nb is None) == (content is None):
-            raise APIError(400, "notebook: give exactly one of notebook (a path), notebook_content, script and "
-                                "command", "notebook")
-        kind = request.kind or C.DEFAULT_JOB_KIND
-        queue = self._queue(ident, request.queue)
-        w = self._resources(request, queue, kind, ident.name)
-        check_pods(w, self.settings.pool.max_pods, self.settings.nodes)
-        params = request.parameters or {}
-        source: str | None = None
-        self._workdir(ident.name)  # missing: created now (jobs run as the service's user) or refused now
-        if prog is not None:
-            name_default = prog.name
-        elif nb is not None:
-            _, source = in_workdir("notebook", nb, lambda: self.loop.workdir(ident.name))
-            try:
-                with open(source, "rb") as f:
-                    doc = json.load(f)
-            except (OSError, ValueError) as e:
-                raise APIError(400, f"notebook: {nb!r} is not a readable Jupyter notebook ({e})", "notebook") from None
-            _check_notebook(doc, "notebook")
-            name_default = os.path.splitext(os.path.basename(nb))[0]
-        else:
-            _check_notebook(content, "notebook_content")
-            name_default = "notebook"
-        name = (request.name or name_default)[:C.MAX_NAME]
-        values = dict(type=D.JOB, user=ident.name, server="", name=name, queue=queue, kind=kind,
-                      gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu, memory=w.memory, priority=w.priority,
-                      preemptible=w.preemptible, checkpoint_on_signal=w.checkpoint_on_signal,
-                      notebook=nb, parameters=params, pods=w.pods,
-                      source=None if prog else json.dumps(doc if source is not None else content),
-                      script=prog and prog.script, args=prog and prog.args, command=prog and prog.command,
-                      sweep=request.sweep, status=D.QUEUED, reason="submitted; waiting for the scheduler's next cycle",
-                      submitted_at=time.time(), preemptions=0, restarts=0, attempt=0)
-        new_id = await self.inserter.insert(values)  # committed before the 201
-        self.metrics.submitted.inc()
-        values.pop("source")
-        # the view of what was just committed (an ORM instance costs more than the rest of the request)
-        return SimpleNamespace(id=new_id, public_id=D.public_id(D.JOB, new_id), started_at=None, finished_at=None,
-                               allocation=None, exit_code=None, checkpoint_path=None, last_checkpoint_at=None,
-                               **values)
-
-    def _workdir(self, user: str) -> str:
-        """The user's working directory on the hub, where the job will run. Missing, it is created
-        (as the demo's spawner creates homes) when jobs run as the service's own user; a system
-        user's missing home is refused now rather than failing the job when it starts."""
-        try:
-            workdir = self.loop.workdir(user)
-        except ValueError as e:
-            raise APIError(400, f"notebook: {e}", "notebook") from None
-        if os.path.isdir(workdir):
-            return workdir
-        if self.settings.pool.run_as_user and os.geteuid() == 0:
-            raise APIError(400, f"your working directory on the hub ({workdir}) does not exist; ask an admin to "
-                                "create it (c.GPUPool.work_dir)")
-        try:
-            os.makedirs(workdir, 0o755, exist_ok=True)
-        except OSError as e:
-            raise APIError(400, f"your working directory on the hub ({workdir}) does not exist and cannot be "
-                                f"created: {e.strerror}") from None
-        log.info("created the working directory %s of %s", workdir, user)
-        return workdir
-
-    # ------------------------------------------------------------------ workspaces
     async def request_workspace(self, user: str, server: str,
                                 request: S.WorkspaceRequest | dict) -> tuple[D.Workload, bool]:
-        request = _typed(S.WorkspaceRequest, request)
         groups, admin = await self.auth.user_info(user)
         owner = Identity(name=user, groups=groups, admin=admin)
-        queue = self._queue(owner, request.queue)
-        preemptible = request.preemptible
-        if preemptible is None:
-            preemptible = self.settings.pool.workspace_preemptible_default
-        w = self._resources(request, queue, C.INTERACTIVE, user, preemptible=preemptible)
-        with self.sessions() as s:
-            existing = s.scalars(select(D.Workload).where(D.Workload.type == D.WORKSPACE, D.Workload.user == user,
-                                                          D.Workload.server == server,
-                                                          D.Workload.status.in_(D.ACTIVE))).first()
-            if existing is not None:
-                same = (existing.queue, existing.gpus, existing.gpu_memory, existing.preemptible) == \
-                       (queue, w.gpus, w.gpu_memory, w.preemptible)
-                if same:
-                    return existing, False
-                s.delete(existing)  # a different request replaces the old one
-            row = D.Workload(type=D.WORKSPACE, user=user, server=server, name=request.name or server or user,
-                             queue=queue, kind=C.INTERACTIVE, gpus=w.gpus, gpu_memory=w.gpu_memory, cpu=w.cpu,
-                             memory=w.memory, priority=w.priority, preemptible=w.preemptible,
-                             checkpoint_on_signal=False, parameters={}, status=D.QUEUED,
-                             reason="requested; waiting for the scheduler's next cycle", submitted_at=time.time(),
-                             preemptions=0, restarts=0, attempt=0)
-            s.add(row)
-            from .idle import on_workspace_request
+        return self.submissions.request_workspace(owner, server, _typed(S.WorkspaceRequest, request))
 
-            on_workspace_request(s, row, time.time())  # a suspended server coming back says so
-            s.commit()
-        return row, True
-
-    # ------------------------------------------------------------------ live GPU readings
     def gpu_readings(self) -> dict[str, dict[int, dict]]:
+        """Live NVML readings of the nodes discovered through NVML on this machine."""
         if self.nvml is None:
             return {}
-        out = {}
-        for node in self.settings.gpu_uuids:  # nodes discovered through NVML on this machine
-            out[node] = self.nvml.utilization()
-        return out
-
-
-DEFAULT_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        return {node: self.nvml.utilization() for node in self.settings.gpu_uuids}
 
 
 def _typed(model: type[S.BaseModel], request: Any) -> Any:
     if isinstance(request, model):
         return request
     try:
-        return S.parse(model, request)
-    except S.Invalid as e:
+        return parse(model, request)
+    except Invalid as e:
         raise APIError(400, e.message, e.field) from None
-
-
-def _check_notebook(doc: Any, field: str) -> None:
-    """Refuse what is not an nbformat-4 notebook; a notebook naming no kernel gets ``python3``
-    (the jobs' Python, as papermill's ``-k python3``) instead of failing every run later."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
-        raise APIError(400, f"{field}: not a Jupyter notebook (an object with a 'cells' list)", field)
-    if doc.get("nbformat") != 4:
-        raise APIError(400, f"{field}: must be an nbformat 4 notebook", field)
-    meta = doc.get("metadata")
-    if meta is None:
-        meta = doc["metadata"] = {}
-    if not isinstance(meta, dict):
-        raise APIError(400, f"{field}: metadata must be an object", field)
-    spec = meta.get("kernelspec")
-    if not isinstance(spec, dict) or not spec.get("name"):
-        meta["kernelspec"] = dict(DEFAULT_KERNELSPEC)
 
 
 def _acquire_lock(path: str, wait: float = 15.0) -> Any:
@@ -372,11 +137,9 @@ async def serve(settings: Settings) -> int:
         return 3
     for warning in settings.warnings:
         log.warning("%s", warning)
-    engine = D.make_engine(pool.db_url)
-    sessions = D.make_sessionmaker(engine)
+    engine = E.make_engine(pool.db_url)
+    sessions = E.make_sessionmaker(engine)
     backend = make_backend(pool.backend, settings)
-    from ..backends import nvml as nvml_mod
-
     reader = nvml_mod.Reader(nvml_mod.load_module(pool.nvml_module))  # checked by config.load
     nvml = reader if reader.available() else None
     if nvml is None:
@@ -395,21 +158,16 @@ async def serve(settings: Settings) -> int:
                                      pool.workspace_reconcile_seconds, pool.workspace_release_grace,
                                      activity=svc.server_activity)
     reconciler.start()
-    from .sampling import Sampler
-
     sampler = Sampler(sessions, svc.gpu_readings, pool.usage_sample_seconds, pool.usage_raw_retention,
                       pool.usage_rollup_seconds, pool.usage_rollup_retention, metrics=metrics)
     if nvml is not None and settings.gpu_uuids:
         sampler.start()
     svc.sampler = sampler
-    from . import dashboard, idle, usage
-
-    checker = idle.IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics,
+    checker = IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics,
                                limits=settings.max_runtime, warning=pool.max_runtime_warning)
     checker.start()
     svc.idle = checker
-    app = web.Application(usage.routes(prefix) + idle.routes(prefix) + dashboard.routes(prefix, pool.service_name)
-                          + routes(prefix), gpupool=svc, gpupool_api_path=prefix.rstrip("/") + "/api/v1",
+    app = web.Application(routes(prefix, pool.service_name), gpupool=svc, gpupool_api_path=prefix.rstrip("/") + "/api/v1",
                           log_function=_log_request,
                           cookie_secret=dashboard.cookie_secret())
     server = app.listen(port, address=host, xheaders=True)

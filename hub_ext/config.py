@@ -27,9 +27,13 @@ from typing import Any
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union
 from traitlets.config import Config, Configurable
 
+from ..backends import nvml as nvml_mod
+from ..scheduler.fairshare import QueueTree
 from ..scheduler.model import NodeSpec, QueueSpec
 from ..scheduler.placement import POLICIES
 from ..scheduler.spec import SpecError, parse_nodes, parse_queues
+from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
+from .web.scopes import role_errors
 
 QUEUE_ACCESS_FIELDS = ("users", "groups")
 
@@ -222,7 +226,6 @@ class GPUPool(Configurable):
         be asked.""",
     ).tag(config=True)
 
-
     nvml_module = Unicode(
         "pynvml",
         help="""The NVML library the service reads GPUs through: ``pynvml`` (from nvidia-ml-py), or the
@@ -253,7 +256,6 @@ class GPUPool(Configurable):
         forever: it is one row per allocation interval).""",
     ).tag(config=True)
 
-
     idle_rules = Dict(
         default_value={},
         help="""Idle-GPU rules per queue (``"*"``: the whole pool) and workload class, e.g.
@@ -269,7 +271,6 @@ class GPUPool(Configurable):
         help="""Idle time is counted in windows of this many seconds: a workload is idle when every
         window of its rule's time had NVML readings of its GPUs, all at 0 % utilisation.""",
     ).tag(config=True)
-
 
     max_runtime = Dict(
         default_value={},
@@ -295,8 +296,8 @@ class Settings:
     nodes: list[NodeSpec]
     gpu_uuids: dict[str, list[str]] = field(default_factory=dict)  # node -> uuid per index (NVML)
     warnings: list[str] = field(default_factory=list)  # e.g. over-committed quotas (logged at start)
-    idle_rules: dict = field(default_factory=dict)  # (queue, class) -> hub_ext.idle.Rule
-    max_runtime: dict = field(default_factory=dict)  # (queue, class) -> hub_ext.idle.Rule
+    idle_rules: dict = field(default_factory=dict)  # (queue, class) -> domain.idle_rules.Rule
+    max_runtime: dict = field(default_factory=dict)  # (queue, class) -> domain.idle_rules.Rule
 
 
 def _traits_json(pool: GPUPool) -> dict[str, Any]:
@@ -353,13 +354,17 @@ def _pool(config: Config | GPUPool | dict, errors: list[str]) -> GPUPool:
     return GPUPool(config=Config({"GPUPool": good}))
 
 
+def _roles(value: Any) -> list:
+    """``c.JupyterHub.load_roles`` (a traitlets lazy value when the file appended to it)."""
+    get_value = getattr(value, "get_value", None)
+    return list(get_value([]) if get_value is not None else value or [])
+
+
 def _overcommitted(queues: list[QueueSpec], nodes: list[NodeSpec]) -> list[str]:
     """Warnings: queues that deserve more GPUs than there are (their quotas cannot all be met at once)."""
     out = []
     pool = sum(n.gpus for n in nodes)
-    children: dict[str | None, list[QueueSpec]] = {}
-    for q in queues:
-        children.setdefault(q.parent, []).append(q)
+    children = QueueTree(queues).children
     top = sum(q.deserved.get("gpu", 0) for q in children.get(None, []))
     if top > pool:
         out.append(f"c.GPUPool.queues: the top-level queues deserve {top:g} GPUs but the pool has {pool:g} "
@@ -395,8 +400,6 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
     uuids: dict[str, list[str]] = {}
     nodes: list[NodeSpec] = []
     nodes_ok = True
-    from ..backends import nvml as nvml_mod
-
     try:
         nvml = nvml_mod.Reader(nvml_mod.load_module(pool.nvml_module))
     except (ImportError, AttributeError) as e:
@@ -447,10 +450,10 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
         errors.append("c.GPUPool.idle_window_seconds: must be > 0")
     if pool.max_runtime_warning < 0:
         errors.append("c.GPUPool.max_runtime_warning: must be >= 0")
+    if isinstance(config, Config) and "JupyterHub" in config and "load_roles" in config.JupyterHub:
+        errors += role_errors(_roles(config.JupyterHub.load_roles))
     if errors:
         return None, errors
-    from .idle import RuleError, resolve_limits, resolve_rules
-
     try:
         idle_rules = resolve_rules(pool.idle_rules, queues)
         max_runtime = resolve_limits(pool.max_runtime, queues)

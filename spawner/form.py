@@ -6,7 +6,7 @@
 =============== =========================== ==================================================
 field           example                     meaning
 =============== =========================== ==================================================
-``gpus``        ``0``, ``0.5``, ``2``       whole GPUs, or a fraction below 1 (hub_ext/gpus.py)
+``gpus``        ``0``, ``0.5``, ``2``       whole GPUs, or a fraction below 1 (hub_ext/domain/gpus.py)
 ``gpu_memory``  ``"20Gi"``                  instead of ``gpus``: a share of one GPU sized by
                                             memory
 ``queue``       ``"vision"``                a queue the user may submit to (default: the first)
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from ..contract import format_bytes, format_gpus, format_request, parse_bytes
-from ..hub_ext.gpus import check_gpus
+from ..hub_ext.domain.gpus import check_gpus
 from ..templating import render
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -131,7 +131,7 @@ def parse_user_options(options: Any, *, max_gpus: int = 8,
             except ValueError:
                 raise OptionError("gpus", f"{options['gpus']!r} is not a number of GPUs") from None
         try:
-            gpus = check_gpus(raw)  # the same rule as jobs (hub_ext/gpus.py); fractions are the menu
+            gpus = check_gpus(raw)  # the same rule as jobs (hub_ext/domain/gpus.py); fractions are the menu
         except ValueError as e:
             raise OptionError("gpus", str(e)) from None
         if gpu_memory and gpus > 0:

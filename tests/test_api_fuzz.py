@@ -99,21 +99,21 @@ def test_validation_survives_python_O():
     import subprocess
     import sys
 
-    code = ("from gpupool.hub_ext import schemas as S\n"
+    code = ("from gpupool.hub_ext.web import schemas as S, validation as V\n"
             "for model, data in ((S.LogQuery, {'offset': '-1'}), (S.JobListQuery, {'limit': '0'}),\n"
             "                    (S.MetricRequest, {'name': 'x', 'value': float('nan')})):\n"
-            "    try:\n        S.parse(model, data)\n    except S.Invalid as e:\n        print(e.field)\n")
+            "    try:\n        V.parse(model, data)\n    except V.Invalid as e:\n        print(e.field)\n")
     res = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["offset", "limit", "value"], res
 
 
 async def test_a_refused_batch_is_retried_row_by_row(tmp_path):
-    """Should the database refuse a batch all the same, each request gets its own answer."""
+    """Should the database refuse a batch all the same, each request gets its own answer (the one
+    at fault: the store's refusal, which the submission answers with a 503)."""
     from sqlalchemy import select
 
-    from gpupool.hub_ext import db as D
-    from gpupool.hub_ext.api import APIError
-    from gpupool.hub_ext.app import BatchInserter
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.store.inserter import BatchInserter, Refused
 
     engine = D.make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     inserter = BatchInserter(engine, delay=0.01)
@@ -126,7 +126,7 @@ async def test_a_refused_batch_is_retried_row_by_row(tmp_path):
     import asyncio
     futs = [inserter.insert(row("bob")), inserter.insert(row("alice", cpu=None)), inserter.insert(row("carol"))]
     results = await asyncio.gather(*futs, return_exceptions=True)
-    assert isinstance(results[1], APIError) and results[1].status == 503
+    assert isinstance(results[1], Refused) and "refused the job" in str(results[1])
     assert isinstance(results[0], int) and isinstance(results[2], int), results
     with D.make_sessionmaker(engine)() as s:
         assert sorted(r.user for r in s.scalars(select(D.Workload))) == ["bob", "carol"]

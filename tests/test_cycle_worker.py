@@ -1,4 +1,4 @@
-"""The heavy part of a scheduling cycle runs in a worker process (hub_ext/cycle_worker.py,
+"""The heavy part of a scheduling cycle runs in a worker process (hub_ext/runtime/cycle_worker.py,
 ``c.GPUPool.cycle_in_process``): the same decisions as in a thread, and a worker that dies, or
 hangs (``c.GPUPool.cycle_timeout``), costs no cycle. How much it helps the API's latency is measured by ``benchmarks/api_throughput.py
 --loaded``, not here."""
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from gpupool.backends.base import RUNNING, JobBackend, RunState
-from gpupool.hub_ext import db as D
-from gpupool.hub_ext.cycle_worker import Decider, WorkerConfig
+from gpupool.hub_ext import store as D
+from gpupool.hub_ext.runtime.cycle_worker import Decider, WorkerConfig
 from gpupool.scheduler.model import NodeSpec, QueueSpec, SchedulerConfig
 
 from hub_harness import Hub, _alive, children, hub_leak_check  # noqa: F401 (leak check fixtures)
@@ -117,9 +117,9 @@ async def test_the_loop_acts_the_same_with_a_worker_process_and_a_thread(tmp_pat
     reclaimers bind into what their reservations held."""
     import types
 
-    from gpupool.hub_ext import loop as loop_mod
+    from gpupool.hub_ext.runtime import loop as loop_mod
     from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
 
     t0 = time.time()
     clock = [t0]
@@ -156,7 +156,7 @@ async def test_the_loop_acts_the_same_with_a_worker_process_and_a_thread(tmp_pat
 async def test_a_worker_that_cannot_start_leaves_cycles_in_a_thread(tmp_path, caplog):
     """Workers that die one after the other (here: their database cannot be opened) cost no cycle;
     after MAX_DEATHS of them the cycles stay in a thread, and the log says so."""
-    from gpupool.hub_ext.cycle_worker import MAX_DEATHS
+    from gpupool.hub_ext.runtime.cycle_worker import MAX_DEATHS
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     _seed(url, time.time())

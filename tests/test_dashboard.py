@@ -1,4 +1,4 @@
-"""The dashboard page (/services/gpupool/, hub_ext/dashboard.py) in headless Chromium on the shared
+"""The dashboard page (/services/gpupool/, hub_ext/web/dashboard.py) in headless Chromium on the shared
 client hub: JupyterHub OAuth, admins see everything, users their own work and the queues; charts
 drawn by the vendored Chart.js; CSV download. Screenshots: test-artifacts/dashboard-*.png."""
 from __future__ import annotations

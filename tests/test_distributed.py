@@ -346,7 +346,7 @@ def test_a_database_from_before_distributed_jobs_gains_the_new_columns(tmp_path)
     place (old jobs are single-worker notebook jobs), nothing else changes."""
     import sqlalchemy as sa
 
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
 
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     engine = D.make_engine(url)
@@ -400,8 +400,8 @@ async def test_gpu_memory_share_of_a_gang_counts_every_worker_on_the_gpu(tmp_pat
 
     from test_nvml import memory_loop
 
-    from gpupool.hub_ext import db as D
-    from gpupool.hub_ext.auth import Identity
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.domain.identity import Identity
 
     sessions, fake, backend, loop, svc = memory_loop(tmp_path)
     job = await svc.new_job(Identity(name="alice"), {"command": ["python", "-c", "import time; time.sleep(60)"],

@@ -249,11 +249,11 @@ def test_placement_choices_are_the_schedulers():
 
 def test_grafana_dashboard_uses_the_services_metrics(chart):
     """The dashboard ConfigMap is there when enabled, with the sidecar's label, and every metric its
-    panels query is one the gpupool service exports (hub_ext/metrics.py)."""
+    panels query is one the gpupool service exports (hub_ext/runtime/metrics.py)."""
     import json
     import re
 
-    from gpupool.hub_ext.metrics import Metrics
+    from gpupool.hub_ext.runtime.metrics import Metrics
 
     assert not [d for d in by_kind(render(chart, values("default")), "ConfigMap") if "grafana" in d["metadata"]["name"]]
     docs = render(chart, {**values("default"), "grafana": {"dashboard": {"enabled": True}}})

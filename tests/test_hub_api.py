@@ -19,12 +19,21 @@ QUEUES = [
 NODES = [{"name": "box", "gpus": 2, "gpu_memory": "16Gi"}]
 
 
+GPUPOOL_ADMIN_DAVE = """
+for _role in c.JupyterHub.load_roles:
+    if _role["name"] == "gpupool-admin":
+        _role["users"] = ["dave"]
+"""
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     # workspaces here are requested through the API with no server behind them: no reconciling with
     # the hub's servers (tests/test_spawner.py tests that with real servers)
+    # dave holds the gpupool-admin role (custom:gpupool:admin) without being a JupyterHub admin
     h = Hub(tmp_path_factory.mktemp("api"), gpupool={"queues": QUEUES, "nodes": NODES, "workspace_reconcile_seconds": 0},
-            users=["alice", "bob", "carol"], admins=["admin"], groups={"nlp": ["bob"]})
+            users=["alice", "bob", "carol", "dave"], admins=["admin"], groups={"nlp": ["bob"]},
+            extra_config=GPUPOOL_ADMIN_DAVE)
     with h:
         yield h
 
@@ -80,6 +89,24 @@ def test_configure_registers_service_scopes_roles_in_either_order():
         configure(c2)
 
 
+def test_a_role_with_a_filtered_gpupool_scope_stops_the_hub_at_start():
+    """gpupool scopes take no filter (the service cannot honour one): a role granting
+    custom:gpupool:admin!group=cv is refused when the hub starts the service, naming the role."""
+    from gpupool.hub_ext import configure
+    from gpupool.hub_ext.config import GPUPoolConfigError
+
+    c = Config()
+    configure(c)
+    c.GPUPool.nodes = NODES
+    c.JupyterHub.load_roles.append({"name": "cv-admins", "scopes": ["custom:gpupool:admin!group=cv"], "groups": ["cv"]})
+    (svc,) = [s for s in c.JupyterHub.services if s["name"] == "gpupool"]
+    with pytest.raises(GPUPoolConfigError) as e:
+        svc["environment"]["GPUPOOL_CONFIG"]()
+    assert "(cv-admins): 'custom:gpupool:admin!group=cv': gpupool scopes take no filter" in str(e.value)
+    c.JupyterHub.load_roles[-1]["scopes"] = ["custom:gpupool:admin"]  # unfiltered: fine
+    svc["environment"]["GPUPOOL_CONFIG"]()
+
+
 def test_bad_config_stops_the_hub_with_the_entry_named(tmp_path):
     h = Hub(tmp_path, gpupool={"queues": [{"name": "q", "deserved": {"gpu": -1}}], "nodes": NODES},
             start_timeout=60)
@@ -100,6 +127,27 @@ def test_health_and_metrics_need_no_token(hub):
     assert hub.api("GET", "health").json()["ok"] is True
     r = hub.api("GET", "metrics")
     assert r.status_code == 200 and "gpupool_jobs_submitted_total" in r.text
+
+
+def test_a_filtered_admin_scope_makes_no_admin(hub, tokens):
+    """A token carrying custom:gpupool:admin with a filter (asked for through the hub's API) is
+    not an admin: it cannot cancel or list another user's jobs, nor admit a workspace. Found by an
+    audit, where such a scope counted as global admin."""
+    nb = notebook("print('hi')")
+    r = hub.api("POST", "jobs", tokens["alice"], json={"notebook_content": nb, "gpus": 0, "name": "audit"})
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    dave = hub.token("dave")  # the role's unfiltered admin scope: an admin
+    assert hub.api("GET", f"jobs/{jid}", dave).status_code == 200
+    assert hub.api("GET", "jobs?user=alice", dave).status_code == 200
+    narrowed = hub.token("dave", scopes=["custom:gpupool:admin!user=bob"])
+    r = hub.api("DELETE", f"jobs/{jid}", narrowed)
+    assert r.status_code == 403 and "belongs to another user" in r.json()["message"], r.text
+    assert hub.api("GET", "jobs?user=alice", narrowed).status_code == 403
+    r = hub.api("POST", "workspaces/alice/x", narrowed, json={"gpus": 0})
+    assert r.status_code == 403 and "custom:gpupool:admin" in r.json()["message"], r.text
+    assert hub.api("GET", "jobs", narrowed).status_code == 200  # its own jobs: the submit scope it implies
+    assert hub.api("DELETE", f"jobs/{jid}", tokens["alice"]).status_code == 200
 
 
 def test_authorization_matrix(hub, tokens):

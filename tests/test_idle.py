@@ -1,4 +1,4 @@
-"""Idle GPUs (hub_ext/idle.py): rules per queue and class, a workspace suspended by the utilisation
+"""Idle GPUs (hub_ext/runtime/idle.py, hub_ext/domain/idle_rules.py): rules per queue and class, a workspace suspended by the utilisation
 a test sets through the pynvml stand-in, then resumed with the same options, on a real hub with
 the GPU-aware spawner."""
 from __future__ import annotations
@@ -152,11 +152,12 @@ async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspa
     """In-process with an injected clock: the real loop, idle checker and local backend."""
     from gpupool import checkpoint
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.config import load as load_config
-    from gpupool.hub_ext.idle import IdleChecker, Suspension
-    from gpupool.hub_ext.ledger import UsageRecord
-    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.runtime.idle import IdleChecker
+    from gpupool.hub_ext.store import Suspension
+    from gpupool.hub_ext.store.ledger import UsageRecord
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
 
     t0 = 1_800_000_000.0
     now = [t0]
@@ -175,7 +176,7 @@ async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspa
         s.add(D.Workload(type=D.JOB, kind="train", handle={"pid": 0, "run_id": "none"},
                          allocation=[{"pod": 0, "node": "box", "gpus": [1], "fraction": 1.0}], **common))
         s.commit()
-    from gpupool.hub_ext.metrics import Metrics
+    from gpupool.hub_ext.runtime.metrics import Metrics
     metrics = Metrics()
     checker = IdleChecker(loop, sessions, {}, 30, clock=lambda: now[0], limits=settings.max_runtime, warning=600,
                           metrics=metrics)
@@ -222,12 +223,12 @@ async def test_maximum_run_time_warns_then_requeues_a_job_and_suspends_a_workspa
 async def test_idle_job_is_flagged_and_counted_while_its_gpu_reads_zero(tmp_path):
     """Idle means every 30 s window of the rule's time had readings, all 0 %; one busy reading ends it."""
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.config import load as load_config
-    from gpupool.hub_ext.idle import IdleChecker
-    from gpupool.hub_ext.loop import SchedulerLoop
-    from gpupool.hub_ext.metrics import Metrics
-    from gpupool.hub_ext.sampling import Sampler
+    from gpupool.hub_ext.runtime.idle import IdleChecker
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
+    from gpupool.hub_ext.runtime.metrics import Metrics
+    from gpupool.hub_ext.runtime.sampling import Sampler
 
     t0 = 1_800_000_000.0
     now = [t0]

@@ -150,8 +150,8 @@ async def test_gpu_memory_enforcement_reports_then_stops(tmp_path):
 
     from test_nvml import memory_loop
 
-    from gpupool.hub_ext import db as D
-    from gpupool.hub_ext.auth import Identity
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.domain.identity import Identity
 
     sessions, fake, backend, loop, svc = memory_loop(tmp_path)
     nb = notebook("import time\nwhile True:\n    time.sleep(0.1)")

@@ -83,11 +83,11 @@ def memory_loop(tmp_path, gpus: int = 1):
     memory enforcement tests: ``(sessions, fake, backend, loop, service)``; one node of ``gpus``
     16Gi GPUs, grace 1 s, kill_after 1 s."""
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.app import Service
     from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.loop import SchedulerLoop
-    from gpupool.hub_ext.metrics import Metrics
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
+    from gpupool.hub_ext.runtime.metrics import Metrics
 
     (tmp_path / "home").mkdir()
     settings = load({"nodes": [{"name": "box", "gpus": gpus, "gpu_memory": "16Gi"}], "run_as_user": False,

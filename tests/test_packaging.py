@@ -44,11 +44,16 @@ def test_console_script_runs():
 
 
 def test_scheduler_core_is_pure():
-    """scheduler/ imports no I/O, clock, Kubernetes or JupyterHub modules."""
+    """Every module of scheduler/ (scheduler/actions/ included) imports no I/O, clock, Kubernetes
+    or JupyterHub modules, and nothing of gpupool outside the core (a relative import leaving
+    scheduler/). Imports inside functions count too."""
     forbidden = ("kubernetes", "jupyterhub", "tornado", "sqlalchemy", "requests", "time", "datetime",
-                 "os", "subprocess", "socket", "asyncio", "random", "pynvml", "threading")
+                 "os", "subprocess", "socket", "asyncio", "random", "pynvml", "threading", "gpupool")
     import ast
-    for path in (ROOT / "scheduler").glob("*.py"):
+    paths = sorted((ROOT / "scheduler").rglob("*.py"))
+    assert ROOT / "scheduler" / "actions" / "allocate.py" in paths
+    for path in paths:
+        depth = len(path.relative_to(ROOT / "scheduler").parts) - 1  # 0: scheduler/x.py, 1: scheduler/actions/x.py
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = []
@@ -56,5 +61,7 @@ def test_scheduler_core_is_pure():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level <= depth + 1, f"{path.relative_to(ROOT)} imports from outside scheduler/"
             for n in names:
-                assert n.split(".")[0] not in forbidden, f"{path.name} imports {n}"
+                assert n.split(".")[0] not in forbidden, f"{path.relative_to(ROOT)} imports {n}"

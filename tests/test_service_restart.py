@@ -46,7 +46,7 @@ def steps(path: Path) -> list[tuple[int, int]]:
 
 
 def ledger(hub: Hub, job_id: str) -> list[dict]:
-    """The usage records of one job (hub_ext/ledger.py), oldest first."""
+    """The usage records of one job (hub_ext/store/ledger.py), oldest first."""
     db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
     db.row_factory = sqlite3.Row
     rows = [dict(r) for r in db.execute('SELECT * FROM usage WHERE workload = ? ORDER BY id', (job_id,))]
@@ -144,9 +144,9 @@ async def test_queue_removed_from_config_keeps_its_gpus_booked(tmp_path):
     import time
 
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
 
     settings = load({"nodes": [{"name": "box", "gpus": 1}], "queues": [{"name": "new", "deserved": {"gpu": 1}}],
                      "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
@@ -174,7 +174,7 @@ async def test_queue_removed_from_config_keeps_its_gpus_booked(tmp_path):
 
 def test_reservation_in_motion_survives_a_sigkill(tmp_path):
     """A reclaim whose victim is still checkpointing when the service is SIGKILLed goes on after
-    the restart (reservations are stored, hub_ext/db.py): the job it was made for gets the victim's
+    the restart (reservations are stored, hub_ext/store/tables.py): the job it was made for gets the victim's
     GPU, though a higher-priority job of the same queue came later and would be planned first
     afresh; the victim stays the only one evicted."""
     queues = [{"name": "lo", "deserved": {"gpu": 0}}, {"name": "hi", "deserved": {"gpu": 1}}]

@@ -28,7 +28,7 @@ def parse(opts, **kw):
 def test_valid_requests():
     assert parse({}) == GPURequest(gpus=0, queue="vision", preemptible=False)
     assert parse({"gpus": 0.5}) == GPURequest(gpus=0.5, queue="vision")
-    assert parse({"gpus": 0.3}).gpus == 0.3  # any fraction, as for jobs (hub_ext/gpus.py); the menu offers some
+    assert parse({"gpus": 0.3}).gpus == 0.3  # any fraction, as for jobs (hub_ext/domain/gpus.py); the menu offers some
     assert parse({"gpus": "2", "queue": "shared", "preemptible": "on"}) == GPURequest(2, 0, "shared", True)
     r = parse({"gpu_memory": "20Gi", "preemptible": False})
     assert (r.gpus, r.gpu_memory, r.wants_gpu) == (0, 20 * GiB, True)

@@ -54,12 +54,12 @@ async def play_scenario(tmp_path, monkeypatch) -> tuple[str, dict, dict]:
     import time as real_time
 
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
-    from gpupool.hub_ext import loop as loop_mod
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.runtime import loop as loop_mod
     from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.ledger import UsageRecord
-    from gpupool.hub_ext.metrics import Metrics
-    from gpupool.hub_ext.sampling import Sampler
+    from gpupool.hub_ext.store.ledger import UsageRecord
+    from gpupool.hub_ext.runtime.metrics import Metrics
+    from gpupool.hub_ext.runtime.sampling import Sampler
 
     clock = Clock(T0)
     monkeypatch.setattr(loop_mod, "time", types.SimpleNamespace(time=clock, perf_counter=real_time.perf_counter))
@@ -133,8 +133,8 @@ def test_ledger_records_each_interval(scenario):
 
 
 def test_report_numbers_and_sums_agree(scenario):
-    from gpupool.hub_ext import db as D
-    from gpupool.hub_ext.usage import report
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.domain.usage import report
 
     url, ledger, _ = scenario
     sessions = D.make_sessionmaker(D.make_engine(url))
@@ -158,7 +158,7 @@ def test_report_numbers_and_sums_agree(scenario):
         assert by_node["box2"]["used_gpu_hours"] is None and by_node["box2"]["utilization"] is None
     assert by_node["box"]["utilization"] == pytest.approx(40.0)
     # the dashboard's timeline: mean GPUs allocated per hour
-    from gpupool.hub_ext.usage import timeline
+    from gpupool.hub_ext.domain.usage import timeline
     with sessions() as s:
         hours = timeline(s, T0, T0 + 6 * H, H, now)
     assert [h["allocated"] for h in hours] == pytest.approx([3.0, 3.0, 2.5, 0.5, 0.5, 0.0])
@@ -242,10 +242,11 @@ async def test_ledger_repairs_at_start_and_names_why_an_interval_ended(tmp_path)
     start; an open record of a workload that holds nothing is closed; a preempted workspace's
     interval ends 'preempted' with the workload's reason."""
     from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import db as D
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.ledger import TABLE, UsageRecord
-    from gpupool.hub_ext.loop import SchedulerLoop
+    from gpupool.hub_ext.store.ledger import TABLE, UsageRecord
+    from gpupool.hub_ext.domain import lifecycle
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     settings = load({"nodes": NODES, "queues": QUEUES, "db_url": url, "job_root": str(tmp_path / "jobs"),
@@ -271,7 +272,7 @@ async def test_ledger_repairs_at_start_and_names_why_an_interval_ended(tmp_path)
         assert stale.end is not None and stale.end_reason == "repaired"
         row = s.get(D.Workload, 1)
         row.stop_reason = "queue nlp reclaims its quota"
-        loop._release_workspace(row)
+        lifecycle.workspace_released(row)
         s.commit()
     with sessions() as s:
         ended = s.query(UsageRecord).filter_by(workload="w-000001").one()

@@ -22,12 +22,13 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy import select
 from tornado import web
 
-from . import db as D
-from . import usage as U
-from .. import contract as C
-from .api import iso
+from ... import contract as C
+from ..domain import usage as U
+from ..store import tables as D
+from .base import iso
+from .scopes import ADMIN_SCOPE, has_scope
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hub_ext/: templates/ and static/
 _env = Environment(loader=FileSystemLoader(os.path.join(HERE, "templates")), autoescape=select_autoescape())
 DAY = 86400.0
 
@@ -53,13 +54,10 @@ class _Page:
     async def identity(self) -> tuple[str, bool]:
         """(name, admin): JupyterHub admins, and holders of custom:gpupool:admin (e.g. members of
         the gpupool-admin role: the sign-in token carries the user's gpupool scopes)."""
-        from . import ADMIN_SCOPE
-        from .auth import _has
-
         user = self.current_user
         name = user["name"]
         _, hub_admin = await self.svc.auth.user_info(name)
-        return name, bool(hub_admin or user.get("admin") or _has(user.get("scopes") or [], ADMIN_SCOPE))
+        return name, bool(hub_admin or user.get("admin") or has_scope(user.get("scopes") or [], ADMIN_SCOPE))
 
 
 def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:

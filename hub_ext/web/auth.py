@@ -2,8 +2,8 @@
 
 * A JupyterHub token (``Authorization: token ...`` or ``Bearer ...``) is resolved by the Hub
   (``HubAuth.user_for_token``, cached for a minute). It must carry ``custom:gpupool:submit`` or
-  ``custom:gpupool:admin`` (else 403). ``admin`` comes from the ``admin`` scope, or from being a
-  JupyterHub admin calling with a token that carries a gpupool scope.
+  ``custom:gpupool:admin`` (else 403). ``admin`` comes from the ``admin`` scope (unfiltered:
+  web/scopes.py), or from being a JupyterHub admin calling with a token that carries a gpupool scope.
 * A job token (``gpj_...``, in a job's ``GPUPOOL_API_TOKEN``) is minted by the service at each
   start of a job and only grants reading that job and posting its metrics.
 
@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import select
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from . import ADMIN_SCOPE, SUBMIT_SCOPE
-from . import db as D
-from .loop import JOB_TOKEN_PREFIX, hash_token
+from ..domain.identity import Identity
+from ..domain.tokens import hash_token, is_job_token
+from ..store import tables as D
+from .scopes import ADMIN_SCOPE, SUBMIT_SCOPE, has_scope, unfiltered
 
 log = logging.getLogger("gpupool.auth")
 
@@ -34,24 +34,6 @@ class AuthError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-@dataclass
-class Identity:
-    name: str
-    kind: str = "user"  # user | service | job
-    admin: bool = False
-    groups: list[str] = field(default_factory=list)
-    job_id: int | None = None  # job tokens: the one job they may touch
-
-    def owns(self, row: D.Workload) -> bool:
-        if self.kind == "job":
-            return row.id == self.job_id
-        return self.admin or row.user == self.name
-
-
-def _has(scopes: list[str], scope: str) -> bool:
-    return any(s == scope or s.startswith(scope + "!") for s in scopes)
 
 
 def token_from(handler: Any) -> str | None:
@@ -75,7 +57,7 @@ class Authenticator:
         token = token_from(handler)
         if token is None:
             raise AuthError(401, "authentication required: send 'Authorization: token <JupyterHub API token>'")
-        if token.startswith(JOB_TOKEN_PREFIX):
+        if is_job_token(token):
             with self.sessions() as s:
                 row = s.execute(select(D.Workload.id, D.Workload.user).where(
                     D.Workload.token_hash == hash_token(token))).first()
@@ -86,8 +68,8 @@ class Authenticator:
         if not model:
             raise AuthError(401, "invalid or expired token")
         scopes = model.get("scopes") or []
-        admin = _has(scopes, ADMIN_SCOPE)
-        if not admin and not _has(scopes, SUBMIT_SCOPE):
+        admin = has_scope(scopes, ADMIN_SCOPE)
+        if not admin and not has_scope(scopes, SUBMIT_SCOPE):
             raise AuthError(403, f"this token lacks the {SUBMIT_SCOPE} scope (or {ADMIN_SCOPE})")
         kind = model.get("kind", "user")
         name = model.get("name", "")
@@ -95,7 +77,8 @@ class Authenticator:
         if kind == "user" and not admin:  # groups for queue access; JupyterHub admins are gpupool admins
             groups, hub_admin = await self.user_info(name, model)
             ident.groups = groups
-            ident.admin = admin or hub_admin
+            # a JupyterHub admin is a gpupool admin with a gpupool scope, not with a filtered one only
+            ident.admin = admin or (hub_admin and unfiltered(scopes))
         return ident
 
     async def user_info(self, name: str, model: dict | None = None) -> tuple[list[str], bool]:

@@ -1,8 +1,6 @@
-"""The service's state: one table of workloads (jobs and workspaces), one of job metrics and one
-of the scheduler's reservations.
-
-SQLAlchemy 2; SQLite by default (WAL journal, ``synchronous=NORMAL``: a committed row survives the
-service being killed at any moment). Any SQLAlchemy URL works (``c.GPUPool.db_url``).
+"""The service's tables: workloads (jobs and workspaces), job metrics, the scheduler's reservations
+and suspended workspaces (the usage ledger's and the GPU samples' tables are in ledger.py and
+samples.py; engine.py makes the database).
 
 A row holds GPUs exactly when ``allocation`` is not NULL; the scheduler loop counts every such
 row as busy capacity, whatever its status (a cancelled job still exiting keeps its GPUs until it
@@ -12,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, create_engine, event
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column, sessionmaker
+from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
 
 # statuses, workload types and public ids are the API's (gpupool/contract.py)
-from ..contract import (ACTIVE, CANCELLED, ENDED, FAILED, JOB, PREEMPTING, QUEUED, RUNNING, STARTING,  # noqa: F401
-                        STATUSES, SUCCEEDED, TRAIN, WORKSPACE, parse_public_id, public_id)
+from ...contract import (ACTIVE, CANCELLED, ENDED, FAILED, JOB, PREEMPTING, QUEUED, RUNNING, STARTING,  # noqa: F401
+                         STATUSES, SUCCEEDED, TRAIN, WORKSPACE, parse_public_id, public_id)
+from ...scheduler.model import PodPlacement, Reservation
+from ...scheduler.reasons import Code
 
 NullableJSON = JSON(none_as_null=True)  # Python None is SQL NULL (not the JSON text 'null')
 
@@ -112,9 +111,6 @@ def reservation_rows(reservations: list[Any]) -> list[dict]:
 
 def reservations_from_rows(rows: list[Any]) -> list[Any]:
     """The inverse of :func:`reservation_rows` (rows: mappings or ORM rows)."""
-    from ..scheduler.model import PodPlacement, Reservation
-    from ..scheduler.reasons import Code
-
     get = (lambda r, k: r[k]) if rows and isinstance(rows[0], dict) else getattr
     return [Reservation(workload=get(r, "workload"), code=Code(get(r, "code")), since=get(r, "since"),
                         bound_at=get(r, "bound_at"), detail=dict(get(r, "detail") or {}),
@@ -134,47 +130,18 @@ class Metric(Base):
     t: Mapped[float] = mapped_column(Float)
 
 
-def make_engine(url: str) -> Engine:
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-    engine = create_engine(url, **kwargs)
-    if url.startswith("sqlite"):
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-    from . import idle, ledger, sampling  # noqa: F401 (their tables are part of the schema)
+class Suspension(Base):
+    """A workspace suspended by an idle rule or its maximum run time (runtime/idle.py): what it
+    asked for, so that resuming starts it again with the same options."""
 
-    Base.metadata.create_all(engine)
-    add_missing_columns(engine)
-    return engine
+    __tablename__ = "suspensions"
 
-
-def add_missing_columns(engine: Engine) -> None:
-    """Columns added to a table since its database was created (``create_all`` makes only missing
-    tables): ``ALTER TABLE ... ADD COLUMN`` with the column's default, so a service upgraded in
-    place keeps its jobs."""
-    from sqlalchemy import inspect, text
-
-    insp = inspect(engine)
-    for table in Base.metadata.sorted_tables:
-        if not insp.has_table(table.name):
-            continue
-        have = {c["name"] for c in insp.get_columns(table.name)}
-        for col in table.columns:
-            if col.name in have:
-                continue
-            kind = col.type.compile(dialect=engine.dialect)
-            default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
-            clause = f" DEFAULT {int(default) if isinstance(default, bool) else default!r}" if isinstance(
-                default, (int, float, bool)) else ""
-            with engine.begin() as conn:
-                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}{clause}'))
-
-
-def make_sessionmaker(engine: Engine) -> sessionmaker:
-    return sessionmaker(engine, expire_on_commit=False)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255), default="")
+    workload: Mapped[str] = mapped_column(String(32))
+    options: Mapped[Any] = mapped_column(JSON, default=dict)  # the start options to resume with
+    reason: Mapped[str] = mapped_column(Text)
+    suspended_at: Mapped[float] = mapped_column(Float)
+    resumed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    resumed_by: Mapped[str | None] = mapped_column(String(255), nullable=True)

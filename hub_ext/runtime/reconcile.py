@@ -23,8 +23,9 @@ from urllib.parse import urlencode
 from sqlalchemy import select
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from ..contract import format_gpus
-from . import db as D
+from ...contract import format_gpus
+from ..domain import lifecycle
+from ..store import tables as D
 from .periodic import Periodic
 
 log = logging.getLogger("gpupool.reconcile")
@@ -135,13 +136,7 @@ class WorkspaceReconciler(Periodic):
                   f"its stop never reached the gpupool service)")
         log.warning("released workspace %s (%s, %s, was %s): the hub reports server %s not running for %.0f s",
                     row.public_id, where, what, row.status, where, missing_for)
-        row.status = D.CANCELLED
-        row.reason = reason
-        row.allocation = None
-        row.env = None
-        row.finished_at = now
-        row.stop_requested_at = row.term_sent_at = None
-        row.stop_cause = row.stop_reason = None
+        lifecycle.workspace_ended(row, reason, now)
         self.missing_since.pop(row.id, None)
 
     async def tick(self) -> list[str]:

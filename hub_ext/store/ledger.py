@@ -1,6 +1,6 @@
 """The usage ledger: one record per allocation interval, written with the state change itself.
 
-A workload holds GPUs exactly when its row's ``allocation`` is set (hub_ext/db.py). So the ledger
+A workload holds GPUs exactly when its row's ``allocation`` is set (store/tables.py). So the ledger
 follows that one column: whenever a flush changes a workload's ``allocation`` (bind, release,
 preemption, cancel, a workspace deleted, a vanished run requeued at restart, a release by the
 workspace reconciler, ...), the open records of that workload are closed and, when it holds an
@@ -26,7 +26,8 @@ from typing import Any
 from sqlalchemy import JSON, Float, Index, Integer, String, Text, event, inspect, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from . import db as D
+from ...scheduler.fairshare import QueueTree
+from . import tables as D
 
 # Why an interval ended (``end_reason``)
 SUCCEEDED, FAILED, CANCELLED = D.SUCCEEDED, D.FAILED, D.CANCELLED
@@ -36,7 +37,7 @@ STOPPED = "stopped"          # a workspace whose server stopped (its request was
 REQUEUED = "requeued"        # given back for another reason and waiting again
 REPAIRED = "repaired"        # closed at start-up: the workload held nothing any more
 REPLACED = "replaced"        # the allocation changed while the workload kept running
-SUSPENDED = "suspended"      # a workspace suspended by an idle rule (hub_ext/idle.py)
+SUSPENDED = "suspended"      # a workspace suspended by an idle rule (runtime/idle.py)
 END_REASONS = (SUCCEEDED, FAILED, CANCELLED, PREEMPTED, LOST, STOPPED, REQUEUED, REPAIRED, REPLACED, SUSPENDED)
 
 
@@ -77,15 +78,16 @@ class Ledger:
     def __init__(self, settings: Any, clock: Any = time.time):
         self.settings = settings
         self.clock = clock
+        self._tree: tuple[Any, QueueTree] | None = None  # (the queue list it was made of, the tree)
 
     # ------------------------------------------------------------------ what a record says
     def queue_path(self, queue: str) -> list[str]:
-        parents = {q.name: q.parent for q in self.settings.queues}
-        path, seen = [queue], {queue}
-        while parents.get(path[0]) and parents[path[0]] not in seen:
-            path.insert(0, parents[path[0]])
-            seen.add(path[0])
-        return path
+        """Root first; a queue no longer configured is its own path."""
+        queues = self.settings.queues
+        if self._tree is None or self._tree[0] is not queues:
+            self._tree = (queues, QueueTree(queues))
+        tree = self._tree[1]
+        return list(tree.path(queue)) if queue in tree.queues else [queue]
 
     def records(self, row: D.Workload, start: float) -> list[dict]:
         models = {n.name: n.gpu_model for n in self.settings.nodes}

@@ -8,7 +8,7 @@ Raw rows are kept for ``usage_raw_retention`` seconds, then merged into rows of
 A declared inventory (``c.GPUPool.nodes``) has no readings: nothing is stored for its GPUs, and
 reports say "unknown" for their use instead of inventing a number.
 
-The per-workload view is the ledger (hub_ext/ledger.py) joined with these rows: a workload's
+The table is store/samples.py. The per-workload view is the ledger (store/ledger.py) joined with these rows: a workload's
 used GPU-hours are its allocation weighted by the utilisation of its GPUs while it held them.
 """
 from __future__ import annotations
@@ -17,42 +17,12 @@ import logging
 import time
 from typing import Any
 
-from sqlalchemy import Float, Index, Integer, String, case, cast, delete, func, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import Integer, case, cast, delete, func, select
 
-from . import db as D
+from ..store.samples import TABLE, holders
 from .periodic import Periodic
 
 log = logging.getLogger("gpupool.sampling")
-
-
-class GpuSample(D.Base):
-    __tablename__ = "gpu_samples"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    node: Mapped[str] = mapped_column(String(255))
-    gpu: Mapped[int] = mapped_column(Integer)
-    t: Mapped[float] = mapped_column(Float)           # start of the period
-    seconds: Mapped[float] = mapped_column(Float)     # length of the period
-    utilization: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent, mean over the period
-    memory_used: Mapped[float | None] = mapped_column(Float, nullable=True)  # bytes, mean over the period
-    resolution: Mapped[int] = mapped_column(Integer, default=0)  # 0 = raw reading, else the rollup period
-
-    __table_args__ = (Index("ix_gpu_samples_gpu_t", "node", "gpu", "t"), Index("ix_gpu_samples_res_t", "resolution", "t"))
-
-
-TABLE = GpuSample.__table__
-
-
-def holders(s: Any) -> dict[tuple[str, int], list[tuple[str, float]]]:
-    """(node, GPU index) -> [(queue, fraction)] of the workloads holding GPUs now."""
-    out: dict[tuple[str, int], list[tuple[str, float]]] = {}
-    for queue, allocation in s.execute(select(D.Workload.queue, D.Workload.allocation)
-                                       .where(D.Workload.allocation.is_not(None))):
-        for p in allocation or []:
-            for g in p.get("gpus", []):
-                out.setdefault((p["node"], int(g)), []).append((queue, float(p.get("fraction", 1.0))))
-    return out
 
 
 class Sampler(Periodic):

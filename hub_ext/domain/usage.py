@@ -1,8 +1,8 @@
 """Consumption reports: GPU-hours allocated and used, from the ledger and the utilisation history.
 
-* **allocated**: for every ledger record (hub_ext/ledger.py) the part of its interval inside the
+* **allocated**: for every ledger record (store/ledger.py) the part of its interval inside the
   range, times its GPUs (``len(indices) * fraction``). An open record counts up to now.
-* **used**: the same interval weighted by the NVML utilisation of its GPUs (hub_ext/sampling.py):
+* **used**: the same interval weighted by the NVML utilisation of its GPUs (runtime/sampling.py):
   ``fraction * utilisation/100`` over each period that has a reading. **measured**: the allocated
   GPU-hours that had readings. Where no reading exists (a declared inventory, NVML missing) used
   is ``null`` (unknown), never invented; ``utilization = used / measured``.
@@ -24,10 +24,11 @@ from typing import Any, Iterable
 
 from sqlalchemy import or_, select
 
-from . import ledger as L
-from . import sampling as S
-from ..contract import USAGE_GROUPS as GROUPS
-from ..contract import USAGE_PERIODS as PERIODS
+from ...contract import USAGE_GROUPS as GROUPS
+from ...contract import USAGE_PERIODS as PERIODS
+from ..store import ledger as L
+from ..store import samples
+
 COLUMNS = ("allocated_gpu_hours", "used_gpu_hours", "measured_gpu_hours", "utilization", "workloads")
 
 
@@ -116,7 +117,7 @@ class Readings:
     overlap of any interval costs two binary searches (a GPU's rows do not overlap in time)."""
 
     def __init__(self, s: Any, since: float, until: float):
-        c = S.TABLE.c
+        c = samples.TABLE.c
         q = (select(c.node, c.gpu, c.t, c.seconds, c.utilization)
              .where(c.utilization.is_not(None), c.t < until, c.t + c.seconds > since).order_by(c.node, c.gpu, c.t))
         # (node, gpu) -> starts, ends, utilisations, cumulative seconds, cumulative weighted seconds
@@ -227,7 +228,7 @@ def accumulate(s: Any, since: float, until: float, now: float, pieces: Any, user
 
 def history(s: Any, since: float, until: float, node: str | None = None, gpu: int | None = None,
             workload: str | None = None) -> list[dict]:
-    """The stored NVML readings (hub_ext/sampling.py) per GPU in [since, until): of one GPU, of every
+    """The stored NVML readings (runtime/sampling.py) per GPU in [since, until): of one GPU, of every
     GPU, or of the GPUs a workload held while it held them (from the ledger)."""
     spans: dict[tuple[str, int], list[tuple[float, float]]] | None = None
     if workload is not None:
@@ -238,7 +239,7 @@ def history(s: Any, since: float, until: float, node: str | None = None, gpu: in
             for g in r["gpu_indices"] or []:
                 spans.setdefault((r["node"], int(g)), []).append((max(r["start"], since),
                                                                   min(r["end"] or until, until)))
-    c = S.TABLE.c
+    c = samples.TABLE.c
     q = select(c.node, c.gpu, c.t, c.seconds, c.utilization, c.memory_used).where(c.t < until, c.t + c.seconds > since)
     if node is not None:
         q = q.where(c.node == node)
@@ -265,75 +266,3 @@ def to_csv(doc: dict) -> str:
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# ---------------------------------------------------------------------------------- GET usage
-from .api import APIError, BaseHandler  # noqa: E402 (the handlers below; api.py does not import this module)
-from . import schemas as Q  # noqa: E402
-
-
-class UsageHandler(BaseHandler):
-    """``GET usage?since=2026-11-01&until=...&by=user&user=&queue=&format=csv`` (docs/api.md)."""
-
-    def get(self) -> None:
-        import time
-
-        self.require_user_token()
-        ident = self.ident
-        now = time.time()
-        args = self.query(Q.UsageQuery)
-        user = args.user
-        if not ident.admin:
-            if user and user != ident.name:
-                raise APIError(403, "user: you may only see your own usage (admins see everyone's)", "user")
-            user = ident.name
-        until = args.until if args.until is not None else now
-        # default: the current month (of until)
-        since = args.since if args.since is not None else period_start(until - 1e-6, "month").timestamp()
-        try:
-            with self.svc.sessions() as s:
-                doc = report(s, since, until, args.by, now, user=user, queue=args.queue or None)
-        except ReportError as e:
-            raise APIError(400, str(e), e.field) from None
-        doc["user"] = user
-        if args.format == "csv":
-            self.set_header("Content-Type", "text/csv; charset=utf-8")
-            self.set_header("Content-Disposition", f'attachment; filename="gpupool-usage-by-{doc["by"]}.csv"')
-            self.finish(to_csv(doc))
-            return
-        self.send(doc)
-
-
-class UsageHistoryHandler(BaseHandler):
-    """``GET usage/history?since=&until=&node=&gpu=&workload=``: stored utilisation readings per GPU
-    (any user: GPUs are public, like GET nodes) or of one workload's GPUs (its owner or an admin)."""
-
-    def get(self) -> None:
-        import time
-
-        from . import db as D
-        self.require_user_token()
-        args = self.query(Q.UsageHistoryQuery)
-        until = args.until if args.until is not None else time.time()
-        since = args.since if args.since is not None else until - 86400
-        if until <= since:
-            raise APIError(400, "until: must be after since", "until")
-        with self.svc.sessions() as s:
-            if args.workload:
-                parsed = D.parse_public_id(args.workload)
-                row = s.get(D.Workload, parsed[1]) if parsed else None
-                if row is not None and row.type != parsed[0]:  # j-5 is not w-5
-                    row = None
-                owner = row.user if row is not None else s.scalar(
-                    select(L.TABLE.c.user).where(L.TABLE.c.workload == args.workload).limit(1))
-                if owner is None:
-                    raise APIError(404, f"no workload {args.workload!r}", "workload")
-                if not (self.ident.admin or owner == self.ident.name):
-                    raise APIError(403, f"workload {args.workload} belongs to another user", "workload")
-            series = history(s, since, until, args.node, args.gpu, args.workload)
-        self.send({"since": _iso(since), "until": _iso(until), "workload": args.workload, "series": series})
-
-
-def routes(prefix: str) -> list[tuple]:
-    api = prefix.rstrip("/") + "/api/v1"
-    return [(rf"{api}/usage/?", UsageHandler), (rf"{api}/usage/history/?", UsageHistoryHandler)]

@@ -1,5 +1,5 @@
-"""Typed requests and answers of the REST API (pydantic v2), and the OpenAPI 3.1 document built
-from them (``GET api/v1/openapi.json``).
+"""Typed requests and answers of the REST API (pydantic v2), from which the OpenAPI 3.1 document
+is built (openapi.py, ``GET api/v1/openapi.json``).
 
 Request models check shapes, types and the limits users need (stated once, in
 :mod:`gpupool.contract`); what depends on the pool (queues, node sizes, the scheduler's rules for
@@ -7,7 +7,7 @@ fractions) is checked by the service after them. To add a field to a request, ad
 the service, the error messages and the OpenAPI document follow.
 
 Every validation error becomes one 400 whose message starts with the field's name
-(``"gpus: must be a number"``) and whose payload names it (``"field": "gpus"``).
+(``"gpus: must be a number"``) and whose payload names it (``"field": "gpus"``): validation.py.
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import json
 import math
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError,
-                      ValidationInfo, WithJsonSchema, field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema,
+                      field_validator)
 
-from .. import contract as C
-from ..scheduler.units import parse_cpu
+from ... import contract as C
+from ...scheduler.units import parse_cpu
+from ..domain.usage import ReportError, parse_time
 
 # ---------------------------------------------------------------------------- field types
 
@@ -32,7 +33,7 @@ def _whole(value: Any) -> Any:
 
 Name = Annotated[str, Field(strict=True, max_length=C.MAX_NAME)]
 Priority = Annotated[int, BeforeValidator(_whole), Field(strict=True, ge=C.PRIORITY_RANGE[0], le=C.PRIORITY_RANGE[1])]
-# the lower end and the fraction rule are hub_ext/gpus.py's (shared with the spawn page)
+# the lower end and the fraction rule are domain/gpus.py's (shared with the spawn page)
 Gpus = Annotated[float, Field(strict=True, le=C.MAX_GPUS, allow_inf_nan=False, json_schema_extra={"minimum": 0},
                               description="whole GPUs, a fraction of one below 1, or 0 for no GPU")]
 Flag = Annotated[bool, Field(strict=True)]
@@ -77,8 +78,6 @@ Notebook = Annotated[dict[str, Any], WithJsonSchema({
 
 
 def _time(value: Any, info: ValidationInfo) -> float:
-    from .usage import ReportError, parse_time  # usage.py's handlers import this module
-
     if not isinstance(value, str):
         raise ValueError("must be a date such as 2026-11-01 or 2026-11-01T08:00Z")
     try:
@@ -138,7 +137,7 @@ class JobRequest(Resources):
     checkpoint_on_signal: Optional[Flag] = None
     name: Optional[Name] = Field(None, description="display name (default: the notebook's stem)")
     sweep: Optional[Name] = Field(None, description="the sweep this trial belongs to")
-    # what a script or command job runs: checked by hub_ext/programs.py (its messages name the item)
+    # what a script or command job runs: checked by domain/programs.py (its messages name the item)
     script: Optional[Annotated[Any, WithJsonSchema({"type": "string", "maxLength": C.MAX_PATH})]] = Field(
         None, description="instead of a notebook: a .py path relative to your working directory")
     args: Optional[Annotated[Any, WithJsonSchema(_ARGV)]] = Field(
@@ -253,7 +252,8 @@ class SuspensionsQuery(Query):
 
 
 # ---------------------------------------------------------------------------- answers
-# Open models (more fields may come): the document states what clients may rely on.
+# Open models (more fields may come): the document states what clients may rely on. The handlers
+# serialise through them (views.py).
 
 class Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -452,74 +452,3 @@ class Suspension(Answer):
 
 class SuspensionList(Answer):
     suspensions: list[Suspension]
-
-
-# ---------------------------------------------------------------------------- errors -> 400
-
-class Invalid(Exception):
-    """A request that fails its model: ``field`` and a message starting with it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, f"{field}: {message}"
-
-
-def _num(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
-def _words(err: dict, model: type[BaseModel]) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "missing":
-        return "is required"
-    if kind == "extra_forbidden":
-        what = "parameter" if issubclass(model, Query) else "field"
-        return f"unknown {what} (allowed: {', '.join(sorted(model.model_fields))})"
-    if kind.startswith("int_"):
-        return "must be an integer"
-    if kind == "finite_number":
-        return "must be a finite number"
-    if kind.startswith("float_"):
-        return "must be a number"
-    if kind.startswith("bool_"):
-        return "must be true or false"
-    if kind.startswith("string_type"):
-        return "must be a string"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return "must be an object"
-    if kind == "list_type":
-        return "must be a list"
-    if kind == "too_long":
-        return f"must have at most {ctx.get('max_length')} items"
-    if kind == "string_too_long":
-        return f"must be at most {ctx.get('max_length')} characters"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "string_pattern_mismatch":
-        return "must not be blank" if ctx.get("pattern") == r"\S" else f"must match {ctx.get('pattern')}"
-    if kind == "greater_than_equal":
-        return f"must be >= {_num(ctx.get('ge'))}"
-    if kind == "greater_than":
-        return f"must be > {_num(ctx.get('gt'))}"
-    if kind == "less_than_equal":
-        return f"must be at most {_num(ctx.get('le'))}"
-    if kind == "less_than":
-        return f"must be below {_num(ctx.get('lt'))}"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected', '').replace(chr(39), '')}"
-    if kind == "value_error":
-        return str(ctx.get("error") or err.get("msg"))
-    return str(err.get("msg") or "is not valid")
-
-
-def parse(model: type[BaseModel], data: Any) -> Any:
-    """``model`` from ``data`` (a dict), or :class:`Invalid` naming the first bad field."""
-    if not isinstance(data, dict):
-        raise Invalid("body", "must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        loc = [str(x) for x in err.get("loc", ()) if not isinstance(x, int)]
-        field = loc[0] if loc else "body"
-        raise Invalid(field, _words(err, model)) from None

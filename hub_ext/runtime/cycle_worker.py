@@ -1,6 +1,6 @@
 """The heavy, pure part of a scheduling cycle, kept off the service's event loop.
 
-A cycle of the loop (hub_ext/loop.py) has parts that need the event loop (polling runs, starting
+A cycle of the loop (runtime/loop.py) has parts that need the event loop (polling runs, starting
 and stopping them through the backend) and a part that does not: reading every active workload
 from the database, building the scheduler's :class:`Snapshot`, ``Scheduler.schedule`` and the
 pending reasons it gives. On a large pool (1000 nodes, 20,000 workloads) that part is a second of
@@ -33,24 +33,28 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from ..gcpause import paused_gc
-from ..scheduler import Scheduler
-from ..scheduler.model import (CycleResult, NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, SchedulerConfig,
-                               Snapshot, Workload as SWorkload)
-from ..scheduler.reasons import Code, Pending
-from . import db as D
+from ...gcpause import paused_gc
+from ...scheduler import Scheduler
+from ...scheduler.model import (CycleResult, NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, SchedulerConfig,
+                                Snapshot, Workload as SWorkload)
+from ...scheduler.reasons import Code, Pending
+from ..domain import lifecycle
+from ..store import tables as D
+from ..store.engine import make_engine, make_sessionmaker
 
 log = logging.getLogger("gpupool.loop")
 
 REMOVED_QUEUE = "(removed from config)"
-REASONS_PER_COMMIT = 200  # pending reasons stored per transaction
 MAX_DEATHS = 3  # worker processes dying one after the other before cycles stay in a thread
 STOP_GRACE = 5.0  # seconds a worker's cycle under way gets to finish when the service stops
 
-_FIELDS = ("id", "type", "user", "queue", "kind", "gpus", "gpu_memory", "cpu", "memory", "priority", "preemptible",
-           "checkpoint_on_signal", "submitted_at", "last_checkpoint_at", "started_at", "reason", "status", "pods")
+# the scheduler's view of a workload is its row: every field of the core's Workload that is also a
+# column is read and handed over by name (a new request field the scheduler reads needs no change here)
+MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(SWorkload)
+                     if f.name in D.Workload.__table__.c and f.name not in ("id", "queue", "started_at"))
+_FIELDS = tuple(dict.fromkeys(("id", "type", "queue", "submitted_at", "started_at", "reason", "status", *MODEL_FIELDS)))
 QUEUED_COLUMNS = [getattr(D.Workload, c) for c in _FIELDS]
 HOLDING_COLUMNS = QUEUED_COLUMNS + [D.Workload.allocation, D.Workload.stop_requested_at]
 
@@ -111,6 +115,13 @@ class Decision:
     lost_seconds: float = 0.0  # waited for a worker process that hung (then killed): no work of the service
 
 
+def _model(row: Any, queue: str, **state: Any) -> SWorkload:
+    """The core's Workload of a row (``state``: phase, placements, start of a workload holding GPUs)."""
+    fields = {name: getattr(row, name) for name in MODEL_FIELDS}
+    fields["pods"] = int(fields.get("pods") or 1)
+    return SWorkload(id=D.public_id(row.type, row.id), queue=queue, submit_time=row.submitted_at, **fields, **state)
+
+
 class CycleWorker:
     """Database -> Snapshot -> ``Scheduler.schedule`` -> pending reasons, for one service. Keeps the
     model objects of waiting workloads (they do not change while they wait) and the last sentence
@@ -120,7 +131,7 @@ class CycleWorker:
         self.config = config
         self.queue_names = {q.name for q in config.queues}
         if sessions is None:
-            sessions = D.make_sessionmaker(D.make_engine(config.db_url))
+            sessions = make_sessionmaker(make_engine(config.db_url))
         self.sessions = sessions
         self.scheduler = Scheduler(config.scheduler)
         self._pending_cache: dict[int, SWorkload] = {}
@@ -189,13 +200,8 @@ class CycleWorker:
                 continue
             if queue not in self.queue_names:
                 queue, orphaned = REMOVED_QUEUE, True
-            w = SWorkload(id=D.public_id(row.type, row.id), queue=queue, user=row.user, kind=row.kind, gpus=row.gpus,
-                          gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory, priority=row.priority,
-                          preemptible=row.preemptible, submit_time=row.submitted_at,
-                          checkpoint_on_signal=row.checkpoint_on_signal, last_checkpoint_at=row.last_checkpoint_at,
-                          pods=int(row.pods or 1),
-                          phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
-                          placements=placements, started_at=row.started_at)
+            w = _model(row, queue, phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
+                       placements=placements, started_at=row.started_at)
             workloads.append(w)
             by_id[w.id] = row
             views.setdefault(row.queue, QueueView()).running += 1
@@ -203,11 +209,7 @@ class CycleWorker:
         for row in queued:
             w = cache.get(row.id)
             if w is None:
-                w = SWorkload(id=D.public_id(row.type, row.id), queue=row.queue, user=row.user, kind=row.kind,
-                              gpus=row.gpus, gpu_memory=row.gpu_memory, cpu=row.cpu, memory=row.memory,
-                              priority=row.priority, preemptible=row.preemptible, submit_time=row.submitted_at,
-                              checkpoint_on_signal=row.checkpoint_on_signal, pods=int(row.pods or 1),
-                              last_checkpoint_at=row.last_checkpoint_at)
+                w = _model(row, row.queue)
             fresh[row.id] = w
             workloads.append(w)
             by_id[w.id] = row
@@ -233,12 +235,7 @@ class CycleWorker:
             self._said[wid] = (why, reason)
             if reason != row.reason:
                 changes.append({"id": row.id, "reason": reason})
-        # only rows still queued (a cancel may have landed since the snapshot); in short
-        # transactions, so that a submission never waits long for SQLite's write lock
-        for i in range(0, len(changes), REASONS_PER_COMMIT):
-            s.execute(update(D.Workload).where(D.Workload.status == D.QUEUED), changes[i:i + REASONS_PER_COMMIT],
-                      execution_options={"synchronize_session": None})
-            s.commit()
+        lifecycle.store_pending_reasons(s, changes)
         return len(changes)
 
 

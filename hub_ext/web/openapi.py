@@ -1,5 +1,6 @@
 """The OpenAPI 3.1 description of the REST API, built from the pydantic models of
-:mod:`.schemas` (the same ones that validate requests): ``GET api/v1/openapi.json``.
+:mod:`.schemas` (the same ones that validate requests) and from the scope each handler declares
+(web/scopes.py): ``GET api/v1/openapi.json``.
 
 To document a new endpoint add an :class:`Op` to :data:`OPERATIONS`; a new field of a request or
 an answer appears here by itself once it is in its model.
@@ -14,10 +15,16 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from .. import __version__ as _version
-from .. import contract as C
-from . import ADMIN_SCOPE
+from ... import __version__ as _version
+from ... import contract as C
 from . import schemas as S
+from .base import BaseHandler
+from .cluster import HealthHandler, MetricsHandler, NodesHandler, QueuesHandler
+from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
+from .scopes import ADMIN_SCOPE, PUBLIC, need_of, needs_scope
+from .suspensions import ResumeHandler, SuspensionsHandler
+from .usage import UsageHandler, UsageHistoryHandler
+from .workspaces import WorkspaceHandler, WorkspacesHandler
 
 REF = "#/components/schemas/{model}"
 _ERRORS = {400: "bad input: `field` names it", 401: "no token, or a token the hub does not accept",
@@ -31,60 +38,85 @@ class Op:
     method: str
     path: str
     summary: str
+    handler: type  # what answers it: its method's declared scope is the operation's security
     answer: Any = None  # a model, or a media type for text answers
     status: int = 200
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
     errors: tuple[int, ...] = (401, 403)
-    auth: bool = True
     headers: dict[str, str] = field(default_factory=dict)
     example: dict | None = None
     also: tuple[str, ...] = ()  # other media types of the answer (text)
-    admin: bool = False  # needs the admin scope (security names it)
+
+    @property
+    def auth(self) -> bool:
+        """Whether a token is needed (a scope needed only when a knob is set is documented as none)."""
+        need = need_of(self.handler, self.method)
+        return need is not None and need.scope is not None and not need.unless
+
+    @property
+    def admin(self) -> bool:
+        need = need_of(self.handler, self.method)
+        return need is not None and need.scope == ADMIN_SCOPE
+
+
+class OpenAPIHandler(BaseHandler):
+    """The OpenAPI 3.1 description of this API; no token needed (it holds no data, only shapes)."""
+
+    @needs_scope(PUBLIC)
+    def get(self) -> None:
+        self.send(document(self.settings["gpupool_api_path"], tuple(self.svc.access.leaves)))
 
 
 _NOTEBOOK = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
              "cells": [{"cell_type": "code", "id": "c0", "metadata": {}, "source": "print(lr)", "outputs": [],
                         "execution_count": None}]}
 OPERATIONS = (
-    Op("get", "/health", "Liveness and the number of scheduling cycles run", S.Health, auth=False, errors=()),
-    Op("get", "/openapi.json", "This document", "application/json", auth=False, errors=()),
+    Op("get", "/health", "Liveness and the number of scheduling cycles run", HealthHandler, S.Health, errors=()),
+    Op("get", "/openapi.json", "This document", OpenAPIHandler, "application/json", errors=()),
     Op("get", "/metrics", "Prometheus metrics (a token only with c.GPUPool.metrics_require_auth)",
-       "text/plain", auth=False, errors=()),
-    Op("get", "/queues", "Queues with quota, fair share, allocation and whether you may submit", S.QueueList,
+       MetricsHandler, "text/plain", errors=()),
+    Op("get", "/queues", "Queues with quota, fair share, allocation and whether you may submit", QueuesHandler,
+       S.QueueList,
        query=S.QueuesQuery, errors=(400, 401, 403)),
-    Op("get", "/nodes", "Nodes and their GPUs with allocations and live readings", S.NodeList),
-    Op("get", "/jobs", "Your jobs (admins: everyone's), filtered", S.JobList, query=S.JobListQuery,
+    Op("get", "/nodes", "Nodes and their GPUs with allocations and live readings", NodesHandler, S.NodeList),
+    Op("get", "/jobs", "Your jobs (admins: everyone's), filtered", JobsHandler, S.JobList, query=S.JobListQuery,
        errors=(400, 401, 403)),
-    Op("post", "/jobs", "Submit a notebook job", S.Job, 201, body=S.JobRequest, errors=(400, 401, 403, 503),
+    Op("post", "/jobs", "Submit a notebook job", JobsHandler, S.Job, 201, body=S.JobRequest, errors=(400, 401, 403, 503),
        example={"notebook_content": _NOTEBOOK, "parameters": {"lr": 0.1}, "gpus": 0.5, "name": "example"}),
-    Op("get", "/jobs/{job_id}", "One job", S.Job, errors=(401, 403, 404)),
-    Op("delete", "/jobs/{job_id}", "Cancel a job (a running one stops with the grace period)", S.Job,
+    Op("get", "/jobs/{job_id}", "One job", JobHandler, S.Job, errors=(401, 403, 404)),
+    Op("delete", "/jobs/{job_id}", "Cancel a job (a running one stops with the grace period)", JobHandler, S.Job,
        errors=(401, 403, 404)),
-    Op("get", "/jobs/{job_id}/log", "The log (papermill's or the program's) from a byte offset", "text/plain",
+    Op("get", "/jobs/{job_id}/log", "The log (papermill's or the program's) from a byte offset", JobLogHandler,
+       "text/plain",
        query=S.LogQuery,
        errors=(400, 401, 403, 404), headers={"X-Log-Offset": "the offset to ask for next"}),
-    Op("get", "/jobs/{job_id}/output", "The executed notebook (404 until one exists)", "application/x-ipynb+json",
+    Op("get", "/jobs/{job_id}/output", "The executed notebook (404 until one exists)", JobOutputHandler,
+       "application/x-ipynb+json",
        query=S.RankQuery, errors=(400, 401, 403, 404)),
-    Op("post", "/jobs/{job_id}/metrics", "Log a metric of a job (its owner or the job's own token)", S.MetricOut,
+    Op("post", "/jobs/{job_id}/metrics", "Log a metric of a job (its owner or the job's own token)", JobMetricsHandler,
+       S.MetricOut,
        201, body=S.MetricRequest, errors=(400, 401, 403, 404), example={"name": "val_acc", "value": 0.91, "step": 3}),
-    Op("get", "/workspaces", "Active workspaces (env only for their owner and admins)", S.WorkspaceList),
+    Op("get", "/workspaces", "Active workspaces (env only for their owner and admins)", WorkspacesHandler,
+       S.WorkspaceList),
     *(op for suffix in ("/workspaces/{user}", "/workspaces/{user}/{server}") for op in (
-        Op("get", suffix, "A workspace (its owner or an admin)", S.Workspace, errors=(401, 403, 404)),
+        Op("get", suffix, "A workspace (its owner or an admin)", WorkspaceHandler, S.Workspace, errors=(401, 403, 404)),
         Op("post", suffix, "Ask for admission of a server (admin: the spawner); 201 new, 200 the same request",
-           S.Workspace, 201, body=S.WorkspaceRequest, errors=(400, 401, 403, 503), example={"gpus": 1}, admin=True),
-        Op("delete", suffix, "Free a workspace's GPUs (admin: the spawner)", S.Workspace, errors=(401, 403, 404),
-           admin=True),
+           WorkspaceHandler, S.Workspace, 201, body=S.WorkspaceRequest, errors=(400, 401, 403, 503),
+           example={"gpus": 1}),
+        Op("delete", suffix, "Free a workspace's GPUs (admin: the spawner)", WorkspaceHandler, S.Workspace,
+           errors=(401, 403, 404)),
     )),
-    Op("get", "/usage", "GPU-hours allocated and used, grouped (yours; admins: everyone's or user's)", S.Usage,
+    Op("get", "/usage", "GPU-hours allocated and used, grouped (yours; admins: everyone's or user's)", UsageHandler,
+       S.Usage,
        query=S.UsageQuery, errors=(400, 401, 403), also=("text/csv",),
        headers={"Content-Disposition": "with format=csv: attachment; filename=gpupool-usage-by-<by>.csv"}),
     Op("get", "/usage/history", "Stored NVML readings per GPU (of one workload: its owner or an admin)",
-       S.UsageHistory, query=S.UsageHistoryQuery, errors=(400, 401, 403, 404)),
+       UsageHistoryHandler, S.UsageHistory, query=S.UsageHistoryQuery, errors=(400, 401, 403, 404)),
     Op("get", "/suspensions", "Workspaces suspended by an idle rule or their maximum run time (yours; admins: "
-       "everyone's)", S.SuspensionList, query=S.SuspensionsQuery, errors=(400, 401, 403)),
+       "everyone's)", SuspensionsHandler, S.SuspensionList, query=S.SuspensionsQuery, errors=(400, 401, 403)),
     Op("post", "/suspensions/{suspension_id}/resume", "Start a suspended server again with the same options "
-       "(its owner or an admin)", S.Suspension, 202, errors=(401, 403, 404, 409, 502)),
+       "(its owner or an admin)", ResumeHandler, S.Suspension, 202, errors=(401, 403, 404, 409, 502)),
 )
 _PATH_PARAMS = {
     "job_id": {"type": "string", "pattern": C.JOB_ID_PATTERN, "description": "a job id such as j-000042"},
@@ -179,3 +211,4 @@ def document(server: str = "/services/gpupool/api/v1", queues: tuple[str, ...] =
     """The OpenAPI document; ``server`` is the API's URL (path) where the service runs, ``queues``
     the pool's leaf queues (what ``queue`` may name in a request)."""
     return copy.deepcopy(_document(server, tuple(queues)))
+

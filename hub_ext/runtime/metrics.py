@@ -6,6 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ...scheduler.fairshare import QueueTree
+
 
 
 class Metrics:
@@ -36,6 +38,7 @@ class Metrics:
                                      ["node", "gpu"], registry=r)
         self.gpu_memory_used = Gauge("gpupool_gpu_memory_used_bytes", "NVML memory used on a GPU", ["node", "gpu"],
                                      registry=r)
+        self._queue_tree: tuple[list, QueueTree] | None = None
         self._held: dict[str, float] = {}
         self._held_at: float | None = None
         self.gpus_total = Gauge("gpupool_gpus_total", "GPUs in the pool", registry=r)
@@ -62,7 +65,7 @@ class Metrics:
             self.workloads.labels(queue=name, phase="holding").set(view.running)
             self.workloads.labels(queue=name, phase="pending").set(view.pending)
         allocated = 0.0
-        parents = {q.parent for q in loop.settings.queues if q.parent}
+        tree = self._tree(loop.settings.queues)
         for q in loop.settings.queues:
             got = result.allocated.get(q.name, {}).get("gpu", 0)
             if q.parent is None:
@@ -70,13 +73,18 @@ class Metrics:
             self.queue_gpus.labels(queue=q.name, what="deserved").set(q.deserved.get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="fair_share").set(result.fair_share.get(q.name, {}).get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="allocated").set(got)
-            if q.name not in parents:
+            if tree.is_leaf(q.name):
                 self.gpu_hours_allocated.labels(queue=q.name)  # a leaf queue's series exists from the start, at 0
         self.gpus_total.set(sum(n.gpus for n in loop.settings.nodes))
         self.gpus_allocated.set(allocated)
 
+    def _tree(self, queues: list) -> QueueTree:
+        if self._queue_tree is None or self._queue_tree[0] is not queues:
+            self._queue_tree = (queues, QueueTree(queues))
+        return self._queue_tree[1]
+
     def observe_readings(self, readings: dict, seconds: float, holders: dict) -> None:
-        """One round of NVML readings (hub_ext/sampling.py): per-GPU gauges, and the GPU-hours used
+        """One round of NVML readings (runtime/sampling.py): per-GPU gauges, and the GPU-hours used
         by the queues holding those GPUs (``holders``: (node, gpu) -> [(queue, fraction)])."""
         for node, gpus in readings.items():
             for index, r in gpus.items():

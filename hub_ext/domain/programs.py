@@ -17,9 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..backends.base import PYTHON_NAMES
-from ..contract import MAX_ARGS, format_gpus
-from .api import APIError
+from ...backends.base import PYTHON_NAMES
+from ...contract import MAX_ARGS, format_gpus
+from .errors import APIError
 
 PROGRAM_FIELDS = ("script", "args", "command")
 

@@ -1,0 +1,57 @@
+"""GPU memory enforcement of fractional jobs (``c.GPUPool.memory_enforcement``): NVML's
+per-process readings of each GPU, summed over a job's processes, against the job's share."""
+from __future__ import annotations
+
+from typing import Any
+
+from ...contract import StopCause, format_bytes
+from ..domain import lifecycle
+from ..store import tables as D
+
+
+def fractional(allocation: list[dict] | None) -> bool:
+    return any(p.get("gpus") and float(p.get("fraction", 1)) < 1 for p in allocation or ())
+
+
+class MemoryEnforcer:
+    """``nvml``: a reader with ``process_memory(index) -> {pid: bytes}``; ``backend.pids(handle)``
+    gives a run's processes; ``node(name)`` a node's spec; ``stop(row, cause, reason, now)`` asks a
+    job to stop (the loop's ``request_stop``)."""
+
+    def __init__(self, nvml: Any, backend: Any, node: Any, pool: Any, stop: Any):
+        self.nvml = nvml
+        self.backend = backend
+        self.node = node
+        self.pool = pool  # c.GPUPool: memory_enforcement is report | stop
+        self.stop = stop
+
+    async def check(self, s: Any, rows: list[Any], now: float) -> dict[int, str]:
+        """Act on the jobs over their share; returns job id -> the warning (the loop's state)."""
+        by_gpu: dict[int, dict[int, list]] = {}  # GPU index -> job id -> [row, its workers on that GPU]
+        for row in rows:
+            if row.type != D.JOB or not row.allocation or row.handle is None or row.stop_requested_at:
+                continue
+            for p in row.allocation:  # every worker's share (a gang's workers may share a GPU)
+                if p.get("gpus") and float(p.get("fraction", 1)) < 1:
+                    by_gpu.setdefault(p["gpus"][0], {}).setdefault(row.id, [row, 0])[1] += 1
+        warnings: dict[int, str] = {}
+        for index, jobs in by_gpu.items():
+            used_by_pid = self.nvml.process_memory(index)
+            if not used_by_pid:
+                continue
+            for row, workers in jobs.values():
+                pids = self.backend.pids(row.handle)
+                used = sum(b for pid, b in used_by_pid.items() if pid in pids)
+                node = self.node(row.allocation[0]["node"])
+                share = workers * (row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"])
+                                                      if node else 0))
+                if share and used > share * 1.02:
+                    msg = (f"using {format_bytes(used)} of GPU {index}'s memory, more than its share of "
+                           f"{format_bytes(share)}")
+                    warnings[row.id] = msg
+                    if self.pool.memory_enforcement == "stop":
+                        reason = f"failed: stopped for {msg} (memory_enforcement = 'stop')"
+                        await self.stop(row, StopCause.MEMORY, reason, now, session=s)
+                    else:
+                        lifecycle.memory_warning(row, msg)
+        return warnings

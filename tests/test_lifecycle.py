@@ -1,0 +1,133 @@
+"""One lifecycle (hub_ext/domain/lifecycle.py) owns every status change and reason of a workload;
+stop causes are gpupool.contract.StopCause, stored as the same strings as before."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpupool import contract as C
+from gpupool.backends.base import EXITED, LOST, RunState
+from gpupool.contract import StopCause
+from gpupool.hub_ext.domain import lifecycle as L
+
+ROOT = Path(__file__).resolve().parents[1]
+ALLOC = [{"pod": 0, "node": "box", "gpus": [0], "fraction": 1.0}]
+
+
+def job(status: str = C.QUEUED, **kw) -> SimpleNamespace:
+    row = dict(id=1, type=C.JOB, public_id="j-000001", status=status, reason="", allocation=None, handle=None,
+               started_at=None, finished_at=None, attempt=0, preemptions=0, restarts=0, pods=1, exit_code=None,
+               stop_requested_at=None, term_sent_at=None, stop_cause=None, stop_reason=None, token_hash=None,
+               last_checkpoint_at=None, command=None, script=None, env=None)
+    row.update(kw)
+    return SimpleNamespace(**row)
+
+
+def test_stop_causes_keep_their_stored_values():
+    assert [c.value for c in StopCause] == ["preempt", "cancel", "memory"]
+    assert StopCause("cancel") is StopCause.CANCEL and StopCause.CANCEL == "cancel" and str(StopCause.MEMORY) == "memory"
+
+
+def test_a_job_from_submission_to_success():
+    row = job()
+    L.bind(row, ALLOC, "fits", 10.0, token_hash="h")
+    assert (row.status, row.attempt, row.token_hash, row.started_at) == (C.STARTING, 1, "h", 10.0)
+    assert row.reason == "starting on box GPU 0: fits"
+    assert L.started(row, {"pid": 1}, "fits") and row.status == C.RUNNING
+    assert L.released(row, RunState(EXITED, 0, "exit 0"), 20.0, gang_restarts=3) == C.SUCCEEDED
+    assert row.allocation is None and row.finished_at == 20.0 and row.reason == "succeeded: the notebook ran to the end"
+    with pytest.raises(L.IllegalTransition, match="succeeded -> queued"):
+        L.vanished(row)
+
+
+def test_preemption_requeues_and_a_cancel_pending_ends_cancelled():
+    row = job(C.RUNNING, allocation=ALLOC, handle={"pid": 1})
+    assert L.request_stop(row, "preempt", "queue nlp reclaims", 5.0, grace=30)
+    assert row.status == C.PREEMPTING and row.stop_cause == "preempt" and "30 s to save a checkpoint" in row.reason
+    assert not L.request_stop(row, StopCause.CANCEL, "cancelled by alice", 6.0, grace=30)  # not the first request
+    assert row.status == C.CANCELLED and row.stop_requested_at == 5.0
+    assert L.released(row, RunState(EXITED, 143, "killed"), 9.0, gang_restarts=3) == C.CANCELLED
+    assert row.reason == "cancelled by alice" and row.stop_cause is None
+    row = job(C.RUNNING, allocation=ALLOC, handle={"pid": 1}, last_checkpoint_at=3.0)
+    L.request_stop(row, StopCause.PREEMPT, "reclaim", 5.0, grace=0)
+    assert L.released(row, RunState(EXITED, 0, ""), 6.0, 3) == C.QUEUED and row.preemptions == 1
+    assert row.reason == "requeued after preemption (reclaim); it resumes from its checkpoint"
+
+
+def test_a_failed_run_says_the_telling_line_of_its_log_and_a_lost_gang_restarts():
+    row = job(C.RUNNING, allocation=ALLOC, pods=2)
+    assert L.released(row, RunState(EXITED, 1, "exit 1", rank=1), 7.0, 3,
+                      error_line=lambda rank: f"ValueError: rank {rank}") == C.FAILED
+    assert row.reason == "failed: worker 1: ValueError: rank 1"
+    row = job(C.RUNNING, allocation=ALLOC, pods=2)
+    assert L.released(row, RunState(LOST, None, "worker 1 was killed"), 7.0, 3) == C.QUEUED
+    assert row.restarts == 1 and "(restart 1 of at most 3)" in row.reason
+
+
+def test_memory_stop_fails_the_job_and_illegal_moves_raise():
+    row = job(C.RUNNING, allocation=ALLOC)
+    L.request_stop(row, StopCause.MEMORY, "failed: stopped for using too much", 1.0, 30)
+    assert row.status == C.RUNNING and row.reason == "failed: stopped for using too much"
+    assert L.released(row, RunState(EXITED, 137, "killed"), 2.0, 3) == C.FAILED
+    with pytest.raises(L.IllegalTransition):
+        L.cancel_queued(job(C.FAILED), "alice", 1.0)
+    with pytest.raises(L.IllegalTransition):
+        L.request_stop(job(C.SUCCEEDED), StopCause.PREEMPT, "x", 1.0, 30)
+    with pytest.raises(ValueError):
+        L.request_stop(job(C.RUNNING), "evict", "x", 1.0, 30)  # not a stop cause
+
+
+def test_workspaces_and_notes():
+    ws = job(type=C.WORKSPACE, public_id="w-000001")
+    L.bind(ws, ALLOC, "fits", 1.0, env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert ws.status == C.RUNNING and ws.env and ws.reason == "admitted on box GPU 0: fits"
+    assert L.warn(ws, "runs out at noon") and not L.warn(ws, "runs out at noon")
+    assert L.flag_idle(ws, "idle for 2 h") and ws.reason == "admitted on box GPU 0: fits; warning: runs out at noon" \
+                                                             "; idle: idle for 2 h"
+    L.workspace_ended(ws, "suspended: idle", 5.0, suspended=True)
+    assert ws.status == C.CANCELLED and ws.allocation is None and ws._gpupool_end_reason == "suspended"
+
+
+def test_only_the_lifecycle_writes_statuses_and_reasons():
+    """No other module of hub_ext assigns ``.status``, ``.reason`` or ``.stop_cause`` of a row."""
+    found = []
+    for path in sorted((ROOT / "hub_ext").rglob("*.py")):
+        if path.name == "lifecycle.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                for leaf in ast.walk(t):
+                    if isinstance(leaf, ast.Attribute) and leaf.attr in ("status", "reason", "stop_cause") \
+                            and not (isinstance(leaf.value, ast.Name) and leaf.value.id in ("self", "sus")):  # sus: a suspension record
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
+async def test_a_submission_the_database_refuses_is_a_503(tmp_path):
+    from gpupool.hub_ext import store as D
+    from gpupool.hub_ext.config import load
+    from gpupool.hub_ext.domain.access import QueueAccess
+    from gpupool.hub_ext.domain.errors import APIError
+    from gpupool.hub_ext.domain.identity import Identity
+    from gpupool.hub_ext.domain.submission import Submissions
+    from gpupool.hub_ext.store.inserter import Refused
+    from gpupool.hub_ext.web.schemas import JobRequest
+
+    settings = load({"nodes": [], "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "j"),
+                     "work_dir": str(tmp_path), "run_as_user": False})
+
+    class Refusing:
+        async def insert(self, values: dict) -> int:
+            raise Refused("the gpupool database refused the job: IntegrityError")
+
+    subs = Submissions(settings, D.make_sessionmaker(D.make_engine(settings.pool.db_url)), QueueAccess(settings),
+                       Refusing(), metrics=None)
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}
+    with pytest.raises(APIError) as e:
+        await subs.new_job(Identity("alice"), JobRequest(notebook_content=nb))
+    assert e.value.status == 503 and "refused the job" in e.value.message
