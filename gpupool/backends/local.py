@@ -8,8 +8,8 @@ session of its own) and writes ``exit.json`` with the exit code. Every process o
 ``GPUPOOL_RUN_ID=<job id>.<attempt>`` in its environment; that is how the backend finds a run
 again after the service restarts (no handle needed) and how it reaches the kernel.
 
-Liveness never trusts a bare pid: a pid counts only while ``/proc/<pid>/environ`` carries the
-run id and the process is not a zombie.
+Liveness never trusts a bare pid: a pid counts only while its environment carries the run id and
+the process is not a zombie (read with psutil).
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+import psutil
+
 from .. import protocol as P
 from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, program_argv, worker_run_id
 
@@ -31,57 +33,34 @@ KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PR
 
 
 # --------------------------------------------------------------------------------------------
-# /proc helpers (Linux)
+# processes of a run (psutil)
 
-def _read(path: str) -> bytes | None:
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _of_run(proc: psutil.Process, run_id: str) -> bool:
+    """Whether ``proc`` is a live (non-zombie) process of the run ``run_id``: its environment (as
+    it was at exec) carries the run id. Gone, or not ours to read: no."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _is_zombie(pid: int) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return True
-    # "pid (comm) S ..." -- comm may contain spaces and parentheses: split at the last ')'
-    rest = stat[stat.rfind(b")") + 2:]
-    return rest[:1] in (b"Z", b"X")
-
-
-def _has_run(pid: int, tag: bytes) -> bool:
-    env = _read(f"/proc/{pid}/environ")
-    return env is not None and (env.startswith(tag) or b"\0" + tag in env)
-
-
-def _tag(run_id: str) -> bytes:
-    return f"{RUN_ENV}={run_id}\0".encode()
+        return proc.environ().get(RUN_ENV) == run_id and proc.status() not in _GONE
+    except psutil.Error:
+        return False
 
 
 def run_alive(pid: int | None, run_id: str) -> bool:
     """Whether ``pid`` is a live (non-zombie) process of the run ``run_id``."""
     if not pid:
         return False
-    return _has_run(pid, _tag(run_id)) and not _is_zombie(pid)
+    try:
+        return _of_run(psutil.Process(pid), run_id)
+    except psutil.Error:
+        return False
 
 
 def run_pids(run_id: str) -> list[int]:
     """Every live process of the run, found by its environment."""
-    tag = _tag(run_id)
     me = os.getpid()
-    out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if pid != me and _has_run(pid, tag) and not _is_zombie(pid):
-            out.append(pid)
-    return out
+    return [p.pid for p in psutil.process_iter() if p.pid != me and _of_run(p, run_id)]
 
 
 def _signal_run(run_id: str, pgid: int | None, sig: int) -> None:
@@ -305,8 +284,12 @@ def free_port() -> int:
 
 
 def _is_runner(pid: int) -> bool:
-    cmd = _read(f"/proc/{pid}/cmdline") or b""
-    return b"gpupool.backends.local\0run\0" in cmd and _pgid(pid) == pid
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    ours = any(cmd[i:i + 2] == ["gpupool.backends.local", "run"] for i in range(len(cmd)))
+    return ours and _pgid(pid) == pid
 
 
 def _pgid(pid: int) -> int | None:
