@@ -245,10 +245,16 @@ class MetricsHandler(BaseHandler):
 
 
 class QueuesHandler(BaseHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_user_token()
-        self.query(S.QueuesQuery)  # ?user= (the spawner's) is checked and ignored: may_submit is the caller's
+        args = self.query(S.QueuesQuery)
         svc = self.svc
+        who = self.ident  # may_submit is the caller's, or with ?user= (an admin: the spawner) that user's
+        if args.user and args.user != who.name:
+            if not who.admin:
+                raise APIError(403, "user: you may only ask which queues you may use", "user")
+            groups, admin = await svc.auth.user_info(args.user)
+            who = Identity(name=args.user, groups=groups, admin=admin)
         st = svc.loop.state
         out = []
         for q in svc.settings.queues:
@@ -260,7 +266,7 @@ class QueuesHandler(BaseHandler):
                 "fair_share": st.fair_share.get(q.name, {}), "allocated": st.allocated.get(q.name, {}),
                 "running": view.running if view else 0, "pending": view.pending if view else 0,
                 "users": acc.get("users", []), "groups": acc.get("groups", []),
-                "may_submit": svc.may_use(self.ident, q.name),
+                "may_submit": svc.may_use(who, q.name),
             })
         self.send({"queues": out})
 
