@@ -157,3 +157,32 @@ def test_no_adapter_spells_out_the_protocol():
                 if not ln.lstrip().startswith("#") and '"' + "GPUPOOL_" in ln]
         spelled = [ln.strip() for ln in code if any(f'"{n}"' in ln for n in ENV_NAMES)]
         assert not spelled, f"{rel} spells out the job protocol: {spelled}"
+
+
+def test_a_runs_processes_are_found_by_the_run_id_in_their_environment():
+    """The local backend finds a run's processes by ``GPUPOOL_RUN_ID`` (psutil): exactly that run
+    (not worker 1's ``.r1``), and never a zombie."""
+    import time
+
+    import psutil
+
+    from gpupool.backends import local
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    run, worker = "j-000001.1.test", "j-000001.1.test.r1"
+    mine = subprocess.Popen(sleep, env={**os.environ, Env.RUN_ID: run})
+    other = subprocess.Popen(sleep, env={**os.environ, Env.RUN_ID: worker})
+    try:
+        assert local.run_pids(run) == [mine.pid] and local.run_pids(worker) == [other.pid]
+        assert local.run_alive(mine.pid, run) and not local.run_alive(mine.pid, worker)
+        assert not local.run_alive(None, run) and not local.run_alive(other.pid, run)
+        mine.kill()  # not reaped: a zombie until wait()
+        deadline = time.monotonic() + 10
+        while local.run_alive(mine.pid, run) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(mine.pid).status() == psutil.STATUS_ZOMBIE  # still there, unreaped
+        assert not local.run_alive(mine.pid, run) and local.run_pids(run) == []
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
