@@ -23,49 +23,47 @@ Outside a gpupool job (no ``GPUPOOL_CHECKPOINT_DIR``) everything still works aga
 ``./.gpupool-checkpoints`` and :func:`should_stop` is always False, so a notebook runs the same
 interactively.
 
-Environment (set by the service): ``GPUPOOL_CHECKPOINT_DIR``, ``GPUPOOL_STOP_FILE``,
-``GPUPOOL_RESUME_FROM`` (the newest checkpoint when the attempt started), ``GPUPOOL_GPU_FRACTION``,
-``GPUPOOL_GPU_MEMORY_LIMIT`` (bytes; fractional GPUs), used by :func:`limit_gpu_memory`.
+Environment (set by the service; the names are :class:`gpupool.protocol.Env`'s):
+``GPUPOOL_CHECKPOINT_DIR``, ``GPUPOOL_STOP_FILE``, ``GPUPOOL_RESUME_FROM`` (the newest checkpoint
+when the attempt started), ``GPUPOOL_GPU_FRACTION``, ``GPUPOOL_GPU_MEMORY_LIMIT`` (bytes; fractional
+GPUs), used by :func:`limit_gpu_memory`. The files (the ``LATEST`` pointer, the stop request and the
+warning) are :mod:`gpupool.protocol`'s.
 """
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from . import protocol as P
+from .protocol import Env
+
 __all__ = ["checkpoint_dir", "save", "latest", "load", "should_stop", "stop_reason", "limit_gpu_memory",
            "in_job"]
 
-LATEST = "LATEST"  # a small JSON file naming the newest checkpoint (written atomically)
+LATEST = P.LATEST  # a small JSON file naming the newest checkpoint (written atomically)
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def in_job() -> bool:
     """True inside a job started by gpupool."""
-    return bool(os.environ.get("GPUPOOL_JOB_ID"))
+    return bool(os.environ.get(Env.JOB_ID))
 
 
 def checkpoint_dir() -> Path:
     """The job's checkpoint directory (created if missing); kept across requeues."""
-    d = Path(os.environ.get("GPUPOOL_CHECKPOINT_DIR") or ".gpupool-checkpoints")
+    d = _dir()
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-def _write_latest(d: Path, name: str, step: int | None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".latest-")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"path": name, "step": step, "t": time.time()}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, d / LATEST)
+def _dir() -> Path:
+    return Path(os.environ.get(Env.CHECKPOINT_DIR) or ".gpupool-checkpoints")
 
 
 def save(obj: Any, step: int | None = None, name: str | None = None, keep: int = 3) -> Path:
@@ -100,7 +98,7 @@ def save(obj: Any, step: int | None = None, name: str | None = None, keep: int =
     if target.exists() and target.is_dir():
         shutil.rmtree(target)
     os.replace(tmp, target)
-    _write_latest(d, target.name, step)
+    P.write_latest(str(d), target.name, step)
     if keep:
         _prune(d, keep, target.name)
     return target
@@ -119,13 +117,8 @@ def _prune(d: Path, keep: int, newest: str) -> None:
 
 def latest() -> Path | None:
     """Path of the newest checkpoint, or None when the job has not saved one yet."""
-    d = Path(os.environ.get("GPUPOOL_CHECKPOINT_DIR") or ".gpupool-checkpoints")
-    try:
-        info = json.loads((d / LATEST).read_text())
-    except (OSError, ValueError):
-        return None
-    path = d / info.get("path", "")
-    return path if info.get("path") and path.exists() else None
+    path = P.read_latest(str(_dir()))
+    return Path(path) if path else None
 
 
 def load(default: Any = None) -> Any:
@@ -146,35 +139,22 @@ def load(default: Any = None) -> Any:
 def should_stop() -> bool:
     """True once the service asked this job to stop (preemption or cancel). Checks a file: call
     it as often as you like (every step). Save a checkpoint and finish when it turns True."""
-    stop = os.environ.get("GPUPOOL_STOP_FILE")
-    return bool(stop) and os.path.exists(stop)
+    return P.stop_requested(os.environ.get(Env.STOP_FILE))
 
 
 def stop_reason() -> str | None:
     """Why the job is asked to stop (e.g. "preempted: reclaimed by queue vision"), or None."""
-    stop = os.environ.get("GPUPOOL_STOP_FILE")
-    if not stop:
-        return None
-    try:
-        return json.loads(Path(stop).read_text()).get("reason") or "asked to stop"
-    except (OSError, ValueError):
-        return None
+    return P.read_stop(os.environ.get(Env.STOP_FILE))
 
 
-WARNING_FILE = "warning"  # beside the stop file: written by the service before the job must stop
+WARNING_FILE = os.path.basename(P.warning_file("stop"))  # beside the stop file (protocol.write_warning)
 
 
 def warning() -> str | None:
     """A warning from the service that this job will be asked to stop soon (e.g. "reaches its
     maximum run time of 72 h at 2026-11-23 12:00 UTC; it will then be asked to checkpoint and is
     requeued"), or None. Cheap (a file check): save a checkpoint when it appears."""
-    stop = os.environ.get("GPUPOOL_STOP_FILE")
-    if not stop:
-        return None
-    try:
-        return json.loads((Path(stop).parent / WARNING_FILE).read_text()).get("message") or None
-    except (OSError, ValueError):
-        return None
+    return P.read_warning(os.environ.get(Env.STOP_FILE))
 
 
 def limit_gpu_memory() -> dict[str, Any]:
@@ -185,8 +165,8 @@ def limit_gpu_memory() -> dict[str, Any]:
     ``torch.cuda.set_per_process_memory_fraction``; TensorFlow: a logical device with a memory
     limit; JAX reads ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (already set by the service)."""
     applied: dict[str, Any] = {}
-    fraction = float(os.environ.get("GPUPOOL_GPU_FRACTION") or 1.0)
-    limit = int(os.environ.get("GPUPOOL_GPU_MEMORY_LIMIT") or 0)
+    fraction = float(os.environ.get(Env.GPU_FRACTION) or 1.0)
+    limit = int(os.environ.get(Env.GPU_MEMORY_LIMIT) or 0)
     if fraction >= 1.0 and not limit:
         return applied
     torch = sys.modules.get("torch")

@@ -10,7 +10,10 @@ defines (the workload kinds, byte quantities) is re-exported here, never re-decl
 * the error payload every non-2xx JSON answer carries;
 * allocations as the API sends them, and how a person reads one;
 * quantities in words: bytes (``8Gi``) and GPUs (``0.5 GPU``, ``2 GPUs``, ``0 GPUs (CPU only)``);
-* the groupings of usage reports (``GET usage?by=``).
+* the groupings of usage reports (``GET usage?by=``);
+* the allocation codec: a stored allocation <-> the scheduler's placements;
+* the job protocol (environment, job directory, stop and checkpoint files, GPU environment): in
+  :mod:`gpupool.protocol` (standard library only, so a job imports it cheaply), re-exported here.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .scheduler.model import KINDS
+from . import protocol
+from .protocol import Env, JobDir, gpu_env, job_env, read_stop, write_stop  # noqa: F401 (re-exported)
+from .scheduler.model import KINDS, PodPlacement
 from .scheduler.reasons import IN_MOTION, Code
 from .scheduler.units import format_amount, format_bytes, parse_bytes
 
@@ -124,11 +129,30 @@ class Placement:
         return text if self.fraction == 1 else f"{text} ({self.fraction:g})"
 
 
+def encode_allocation(placements: Iterable[PodPlacement]) -> list[dict]:
+    """The scheduler's placements as stored (the database's ``allocation`` and reservations, the
+    pods' placement annotation): ``[{"pod": 0, "node": "n1", "gpus": [0, 1], "fraction": 1.0}]``."""
+    return [{"pod": int(p.pod), "node": p.node, "gpus": [int(g) for g in p.gpus], "fraction": float(p.fraction)}
+            for p in placements]
+
+
+def decode_allocation(data: Iterable[Mapping] | None) -> tuple[PodPlacement, ...]:
+    """The inverse of :func:`encode_allocation`: a stored allocation -> the scheduler's placements
+    (a missing ``pod`` is the entry's index, a missing or null ``fraction`` 1.0). Raises KeyError,
+    TypeError or ValueError on an entry without a node or with a bad number."""
+    out = []
+    for i, p in enumerate(data or ()):
+        fraction = p.get("fraction")
+        pod = p.get("pod")
+        out.append(PodPlacement(pod=i if pod is None else int(pod), node=str(p["node"]),
+                                gpus=tuple(int(g) for g in p.get("gpus") or ()),
+                                fraction=1.0 if fraction is None else float(fraction)))
+    return tuple(out)
+
+
 def allocation_from_api(data: Iterable[Mapping] | None) -> list[Placement]:
     """The API's (or the database's) ``allocation`` list -> placements."""
-    return [Placement(node=str(p["node"]), gpus=tuple(int(g) for g in p.get("gpus") or ()),
-                      fraction=float(p.get("fraction", 1.0) if p.get("fraction") is not None else 1.0))
-            for p in (data or [])]
+    return [Placement(node=p.node, gpus=p.gpus, fraction=p.fraction) for p in decode_allocation(data)]
 
 
 def allocation_to_api(data: Iterable[Mapping] | Iterable[Placement] | None) -> list[dict]:

@@ -38,6 +38,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
+from .protocol import Env
+
 __all__ = ["worker_env", "rank", "world_size", "local_rank", "is_main", "is_distributed", "init_torch",
            "should_stop", "jax_initialize_args", "torchrun_args", "CONTRACT"]
 
@@ -107,7 +109,7 @@ def init_torch(backend: str | None = None, **kwargs: Any) -> Any:
 
     if not dist.is_initialized():
         if backend is None:
-            shared = float(os.environ.get("GPUPOOL_GPU_FRACTION") or 1.0) < 1.0
+            shared = float(os.environ.get(Env.GPU_FRACTION) or 1.0) < 1.0
             backend = "nccl" if torch.cuda.is_available() and not shared else "gloo"
         kwargs.setdefault("rank", rank())
         kwargs.setdefault("world_size", world_size())

@@ -23,6 +23,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 PROXY = "configurable-http-proxy"
 INSTALL_HINT = (
     "configurable-http-proxy (JupyterHub's proxy, a Node.js program) is not installed.\n"
@@ -166,9 +168,8 @@ def _stop_stray_proxy(cwd: Path) -> None:
     pid_file = cwd / "jupyterhub-proxy.pid"
     try:
         pid = int(pid_file.read_text().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().decode(errors="replace")
-    except (OSError, ValueError):
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (OSError, ValueError, psutil.Error):
         return
     if PROXY not in cmdline:
         return

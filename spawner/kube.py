@@ -11,7 +11,7 @@ share, progress messages); once GPUs are granted the notebook pod is built by Ku
 * a fraction of a GPU: no ``nvidia.com/gpu`` request; ``NVIDIA_VISIBLE_DEVICES`` is the chosen
   GPU's UUID (the node annotation ``gpupool.io/gpu-uuids``; its index when unknown), with the
   share and the frameworks' memory caps in the environment
-  (:func:`gpupool.backends.kube_manifests.fraction_env`; docs/kubernetes.md lists what this does
+  (:func:`gpupool.protocol.gpu_env`; docs/kubernetes.md lists what this does
   not isolate);
 * labels ``gpupool.io/managed=true``, ``gpupool.io/user``, ``gpupool.io/queue``,
   ``gpupool.io/component=workspace`` (so gpupool's Kubernetes inventory does not count the pod as
@@ -41,6 +41,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, Unicode, default
 
 from ..backends import kube_manifests as km
+from ..contract import decode_allocation
 from ..scheduler.model import PodPlacement
 from .mixin import GPUPoolSpawnerMixin
 
@@ -137,9 +138,7 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
     def _placement(self) -> PodPlacement | None:
         if not self.gpu_allocation:
             return None
-        a = self.gpu_allocation[0]
-        return PodPlacement(pod=int(a.get("pod", 0)), node=str(a.get("node", "")),
-                            gpus=tuple(int(g) for g in a.get("gpus", ()) or ()), fraction=float(a.get("fraction", 1.0)))
+        return decode_allocation(self.gpu_allocation[:1])[0]
 
     async def _read_node(self, name: str) -> dict | None:
         try:

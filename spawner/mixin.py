@@ -23,19 +23,19 @@ Nothing in this module depends on the local process spawner.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
+import threading
 import time
 from typing import Any, AsyncIterator
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from jupyterhub.spawner import Spawner, SpawnException
 from jupyterhub.utils import url_path_join
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from .. import contract as C
+from ..client import api as client_api
 from . import form as gpuform
 from .form import GPURequest, OptionError
 
@@ -88,6 +88,22 @@ class GPUPoolError(Exception):
         self.status = status
         self.message = message
         self.field = field
+
+
+_clients: dict[tuple[str, str, float], client_api.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def service_client(url: str, token: str, timeout: float) -> client_api.Client:
+    """The client (gpupool.client's HTTP layer) for the service at ``url`` with ``token``: one per
+    hub process and setting, so its connections are kept between calls."""
+    key = (url, token, float(timeout))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = client_api.Client(url_path_join(url, "api/v1"), token or None, timeout=timeout,
+                                                       url_source="c.Spawner.gpupool_url", login_hint=False)
+        return client
 
 
 class GPUPoolSpawnerMixin(Spawner):
@@ -227,39 +243,15 @@ class GPUPoolSpawnerMixin(Spawner):
     def _default_options_from_form(self):
         return gpuform.options_from_form
 
-    # ---- HTTP to the service --------------------------------------------------------------
-    def _api_url(self, path: str, query: dict | None = None) -> str:
-        url = url_path_join(self.gpupool_url, "api/v1", path)
-        return url + ("?" + urlencode(query) if query else "")
-
+    # ---- HTTP to the service (gpupool.client's HTTP layer, in a thread) ---------------------
     async def _gpupool(self, method: str, path: str, body: Any = None, query: dict | None = None) -> Any:
-        headers = {"Accept": "application/json"}
-        if self.gpupool_token:
-            headers["Authorization"] = f"token {self.gpupool_token}"
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        req = HTTPRequest(self._api_url(path, query), method=method, headers=headers,
-                          body=json.dumps(body) if body is not None else None,
-                          allow_nonstandard_methods=True,
-                          request_timeout=self.gpupool_request_timeout,
-                          connect_timeout=self.gpupool_request_timeout)
+        client = service_client(self.gpupool_url, self.gpupool_token, self.gpupool_request_timeout)
         try:
-            resp = await AsyncHTTPClient().fetch(req, raise_error=False)
-        except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
-            raise GPUPoolError(0, f"the GPU scheduler (gpupool service at {self.gpupool_url}) is not "
-                                  f"reachable: {e}") from None
-        if resp.code == 599:  # tornado: connection failed / timed out
-            raise GPUPoolError(0, f"the GPU scheduler (gpupool service at {self.gpupool_url}) is not "
-                                  f"reachable: {resp.error}")
-        text = resp.body.decode("utf-8", "replace") if resp.body else ""
-        try:
-            data = json.loads(text) if text else None
-        except ValueError:
-            data = None
-        if resp.code >= 400:
-            message, field = C.read_error(data)
-            raise GPUPoolError(resp.code, message or text.strip()[:300] or resp.reason, field)
-        return data
+            return await asyncio.to_thread(client.request, method, path, params=query, json_body=body)
+        except client_api.ConnectionFailed as e:
+            raise GPUPoolError(0, f"the GPU scheduler is not reachable: {e.message}") from None
+        except client_api.GPUPoolError as e:
+            raise GPUPoolError(e.status or 0, e.message, e.field) from None
 
     def _workspace_path(self) -> str:
         path = "workspaces/" + quote(self.user.name, safe="")
@@ -268,24 +260,13 @@ class GPUPoolSpawnerMixin(Spawner):
         return path
 
     # ---- what the user may choose -----------------------------------------------------------
-    def _may_use(self, queue: dict) -> bool:
-        """The service's access rule for this user. The spawner asks with its own (admin) token, so
-        the service's ``may_submit`` says only whether the queue takes submissions at all (a leaf);
-        who may use it comes from its ``users`` / ``groups``: hub admins every queue, a queue with
-        neither list everyone."""
-        if not queue.get("may_submit"):
-            return False
-        users, groups = queue.get("users") or [], queue.get("groups") or []
-        if getattr(self.user, "admin", False) or (not users and not groups):
-            return True
-        mine = {getattr(g, "name", g) for g in (getattr(self.user, "groups", None) or [])}
-        return self.user.name in users or bool(mine & set(groups))
-
     async def gpupool_queues(self) -> list[dict]:
-        """Queues (``GET queues``) this user may submit to, in the service's order."""
+        """Queues (``GET queues``) this user may submit to, in the service's order. The service
+        decides: asked with ``?user=`` (the spawner's token has the admin scope), its
+        ``may_submit`` is that user's access, from the user's JupyterHub groups and admin flag."""
         data = await self._gpupool("GET", "queues", query={"user": self.user.name})
         queues = (data or {}).get("queues", []) if isinstance(data, dict) else []
-        return [q for q in queues if self._may_use(q)]
+        return [q for q in queues if q.get("may_submit")]
 
     async def gpupool_nodes(self) -> list[dict]:
         data = await self._gpupool("GET", "nodes")

@@ -80,6 +80,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import psutil
 import pytest
 import requests
 
@@ -95,46 +96,37 @@ def free_port() -> int:
 
 
 def _environ(pid: int) -> bytes:
+    """The process's environment as ``K=V`` entries joined by NULs (b"" when gone or not readable)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except OSError:
+        env = psutil.Process(pid).environ()
+    except psutil.Error:
         return b""
+    return "\0".join(f"{k}={v}" for k, v in env.items()).encode(errors="replace") + b"\0"
 
 
 def _cmdline(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
-    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 def _pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _stat_field(pid: int, index: int) -> int | None:
-    """Field ``index`` (counted after the command name) of /proc/PID/stat, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[index])
-    except (OSError, ValueError, IndexError):
-        return None
+    return psutil.pids()
 
 
 def _ppid(pid: int) -> int | None:
-    return _stat_field(pid, 1)
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def children(parent: int, command: str) -> list[int]:
@@ -142,9 +134,12 @@ def children(parent: int, command: str) -> list[int]:
     return [pid for pid in _pids() if command in _cmdline(pid) and _ppid(pid) == parent and _alive(pid)]
 
 
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` (clock ticks since boot); with the pid it names one process for good."""
-    return _stat_field(pid, 19)
+def _start_time(pid: int) -> float | None:
+    """Start time of ``pid``; with the pid it names one process for good."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _signal_if_same(pid: int, started: int, sig: int) -> bool:
@@ -183,7 +178,7 @@ class Hub:
         self.ports = {"public": free_port(), "hub": free_port(), "proxy_api": free_port(), "service": free_port()}
         self.job_root = str(self.dir / "jobs")
         self.marker = secrets.token_hex(12)
-        self._started: dict[int, tuple[int, str]] = {}  # pid -> (start time, what) of what we started
+        self._started: dict[int, tuple[float, str]] = {}  # pid -> (start time, what) of what we started
         self.stopped = False
         self._leak_checked = False
         self.harness_token = secrets.token_hex(24)
@@ -276,11 +271,11 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
         if f"{MARKER_VAR}={self.marker}".encode() in _environ(pid):
             self._record(pid, "configurable-http-proxy")
 
-    def own_processes(self) -> dict[int, tuple[int, str]]:
+    def own_processes(self) -> dict[int, tuple[float, str]]:
         """Live processes this hub started: pid -> (start time, description). Found by the marker in
         their environment, by the hub's directory in it (the managed service, job processes), and
         by the pids recorded at start (checked against their start time)."""
-        out: dict[int, tuple[int, str]] = {}
+        out: dict[int, tuple[float, str]] = {}
         tag = f"{MARKER_VAR}={self.marker}".encode()
         here = f"{self.dir}".encode()
         for pid in _pids():

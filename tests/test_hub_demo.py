@@ -131,6 +131,32 @@ def test_demo_config_declared_and_real_gpus(tmp_path):
         assert (tmp_path / ".gpupool-demo" / "homes" / "carol" / name).is_file()
 
 
+def test_a_stray_proxy_is_stopped_and_nothing_else(tmp_path):
+    """`gpupool hub` stops the proxy a hub that died at start-up left behind (its pid file), and
+    only when that pid is still a configurable-http-proxy (its command line, read with psutil)."""
+    from gpupool.hub_ext import cli
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    other = subprocess.Popen(sleeper)
+    proxy = subprocess.Popen([*sleeper, cli.PROXY, "--port", "0"])
+    import threading
+
+    threading.Thread(target=proxy.wait, daemon=True).start()  # reaped at once, as init reaps a real stray
+    try:
+        pid_file = tmp_path / "jupyterhub-proxy.pid"
+        pid_file.write_text(str(other.pid))
+        cli._stop_stray_proxy(tmp_path)
+        assert other.poll() is None and pid_file.exists()  # not a proxy: left alone
+        pid_file.write_text(str(proxy.pid))
+        cli._stop_stray_proxy(tmp_path)
+        assert proxy.wait(10) == -signal.SIGTERM and not pid_file.exists()
+        cli._stop_stray_proxy(tmp_path)  # no pid file: nothing to do
+    finally:
+        for p in (other, proxy):
+            p.kill()
+            p.wait()
+
+
 def test_cli_errors_are_messages(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

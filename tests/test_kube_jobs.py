@@ -125,7 +125,7 @@ def test_job_pod_manifests_are_valid_kubernetes():
     fe = env_of(frac)
     assert "nvidia.com/gpu" not in json.dumps(frac["spec"]["containers"][0].get("resources", {}))
     assert fe["NVIDIA_VISIBLE_DEVICES"] == "GPU-b" and fe["GPUPOOL_GPU_FRACTION"] == "0.25"
-    assert fe["GPUPOOL_GPU_MEMORY_LIMIT"] == str(20 * 2**30) and fe["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
+    assert fe["GPUPOOL_GPU_MEMORY_LIMIT"] == str(20 * 2**30) and fe["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250"
     assert frac["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert env_of(unknown_uuid)["NVIDIA_VISIBLE_DEVICES"] == "1"  # index when the UUID is unknown
     assert env_of(cpu)["NVIDIA_VISIBLE_DEVICES"] == "void" and "affinity" in cpu["spec"]

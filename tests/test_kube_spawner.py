@@ -148,7 +148,7 @@ async def test_fraction_profile_pins_the_gpu_uuid(hub, kube):
         assert "nvidia.com/gpu" not in json.dumps(nb.get("resources") or {})
         env = env_of(sent)
         assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{alloc['node']}-{alloc['gpus'][0]}"
-        assert env["GPUPOOL_GPU_FRACTION"] == "0.5" and env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.50"
+        assert env["GPUPOOL_GPU_FRACTION"] == "0.5" and env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.500"
         assert "CUDA_VISIBLE_DEVICES" not in env
         assert sent["spec"]["runtimeClassName"] == "nvidia"
         assert sent["metadata"]["annotations"]["gpupool.io/gpu-ids"] == env["NVIDIA_VISIBLE_DEVICES"]

@@ -391,6 +391,23 @@ def test_options_form_lists_the_users_queues(hub):
     assert "each GPU has 24Gi (L4)" in alice and 'name="preemptible"' in alice
     admin = page("admin")  # hub admins may use every queue
     assert 'option value="vision"' in admin and 'option value="nlp"' in admin
+    erin = page("erin")  # by her group: the service decides from the hub's groups, not the spawner
+    assert 'option value="vision"' in erin and 'option value="nlp"' not in erin
+
+    def may_submit(token, **query):
+        r = hub.api("GET", "queues", token, params=query)
+        assert r.status_code == 200, r.text
+        return [q["name"] for q in r.json()["queues"] if q["may_submit"]]
+
+    # GET queues?user=: what the spawner asks with the service's (admin) token, for the user it starts
+    assert may_submit(hub.service_token, user="erin") == ["vision"]
+    assert may_submit(hub.service_token, user="frank") == ["nlp"]
+    assert may_submit(hub.service_token, user="admin") == ["vision", "nlp"]
+    assert may_submit(hub.service_token, user="nobody") == []  # no such hub user: no groups, no queue
+    bob = hub.token("bob")
+    assert may_submit(bob) == may_submit(bob, user="bob") == ["nlp"]
+    r = hub.api("GET", "queues", bob, params={"user": "alice"})  # another user's access is the admin's to ask
+    assert r.status_code == 403 and r.json()["field"] == "user"
 
 
 @pytest.mark.hub

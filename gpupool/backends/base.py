@@ -48,9 +48,10 @@ every worker.
 from __future__ import annotations
 
 import abc
-import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..protocol import JobDir, worker_file  # noqa: F401 (the job directory's layout; re-exported for the backends)
 
 RUNNING = "running"
 EXITED = "exited"
@@ -70,10 +71,10 @@ class JobSpec:
     log: str  # papermill's log (appended to across attempts)
     parameters: dict[str, Any]
     workdir: str  # the user's working directory (cwd of the notebook)
-    job_dir: str  # <job_root>/<job_id>
+    job_dir: str  # <job_root>/<job_id> (gpupool.protocol.JobDir: which file lives where)
     checkpoint_dir: str  # kept across attempts
-    stop_file: str  # exists = "checkpoint and stop now"
-    env: dict[str, str] = field(default_factory=dict)  # GPU visibility, caps, GPUPOOL_* (see hub_ext.loop)
+    stop_file: str  # exists = "checkpoint and stop now" (gpupool.protocol.write_stop)
+    env: dict[str, str] = field(default_factory=dict)  # protocol.gpu_env + protocol.job_env
     placements: list[dict] = field(default_factory=list)  # [{"pod", "node", "gpus", "fraction"}]
     kernel_name: str = ""
     python: str = ""  # interpreter that runs papermill
@@ -85,6 +86,11 @@ class JobSpec:
     command: list[str] | None = None  # None: papermill runs ``notebook``; else a script/command job's argv
     pods: int = 1  # workers (a gang when > 1): one per entry of ``placements``
     worker_env: list[dict[str, str]] = field(default_factory=list)  # per rank: its pod's GPU variables
+
+    @property
+    def files(self) -> JobDir:
+        """The job directory's layout (run directories, exit files)."""
+        return JobDir(self.job_dir)
 
     def worker_log(self, rank: int) -> str:
         return worker_file(self.log, rank)
@@ -99,15 +105,6 @@ class RunState:
     exit_code: int | None = None
     detail: str = ""  # a sentence for the job's reason (e.g. "killed by signal 9")
     rank: int | None = None  # a gang: the worker whose end ended the run
-
-
-def worker_file(path: str, rank: int) -> str:
-    """Worker ``rank``'s copy of a job file: ``log.txt`` for rank 0 (single-worker jobs keep their
-    layout), ``log-rank1.txt`` for rank 1; likewise ``output.ipynb`` and ``exit.json``."""
-    if not rank:
-        return path
-    stem, ext = os.path.splitext(path)
-    return f"{stem}-rank{int(rank)}{ext}"
 
 
 PYTHON_NAMES = ("python", "python3")

@@ -14,7 +14,7 @@ spawner (:mod:`gpupool.spawner.kube`), so the two place pods the same way:
   devices and isolates them);
 * a fraction of a GPU requests no ``nvidia.com/gpu``; the container is given the chosen GPU
   through ``NVIDIA_VISIBLE_DEVICES`` (its UUID when the inventory knows it, else its index) and
-  the share and memory cap through the environment (see :func:`fraction_env` and
+  the share and memory cap through the environment (see :func:`gpupool.protocol.gpu_env` and
   docs/kubernetes.md for what this does and does not isolate).
 
 ``python -m gpupool.backends.kube_manifests run-job`` is the entrypoint of a job pod: it runs
@@ -36,9 +36,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ..contract import TRAIN
+from .. import protocol as P
+from ..contract import TRAIN, decode_allocation, encode_allocation
+from ..protocol import Env
 from ..scheduler.model import PodPlacement
-from .base import program_argv, worker_file
+from .base import program_argv
 
 GROUP = "gpupool.io"
 LABEL_MANAGED = f"{GROUP}/managed"
@@ -107,8 +109,8 @@ def selector(labels: dict[str, str]) -> str:
 
 
 def placement_to_json(placements: Sequence[PodPlacement]) -> str:
-    return json.dumps([{"pod": p.pod, "node": p.node, "gpus": list(p.gpus), "fraction": p.fraction}
-                       for p in placements], separators=(",", ":"))
+    """The placement annotation: the contract's stored allocation as compact JSON."""
+    return json.dumps(encode_allocation(placements), separators=(",", ":"))
 
 
 def placement_from_json(text: str | None) -> tuple[PodPlacement, ...]:
@@ -116,10 +118,7 @@ def placement_from_json(text: str | None) -> tuple[PodPlacement, ...]:
     if not text:
         return ()
     try:
-        items = json.loads(text)
-        return tuple(PodPlacement(pod=int(i.get("pod", 0)), node=str(i["node"]),
-                                  gpus=tuple(int(g) for g in i.get("gpus", ())),
-                                  fraction=float(i.get("fraction", 1.0))) for i in items)
+        return decode_allocation(json.loads(text))
     except (ValueError, TypeError, KeyError, AttributeError):
         return ()
 
@@ -164,60 +163,17 @@ def gpu_limits(placement: PodPlacement) -> dict[str, str]:
 
 def gpu_ids_for(placement: PodPlacement, uuids: Sequence[str] | None) -> list[str]:
     """The device ids for ``NVIDIA_VISIBLE_DEVICES``: UUIDs when known, else the indices."""
-    out = []
-    for g in placement.gpus:
-        if uuids and g < len(uuids) and uuids[g]:
-            out.append(str(uuids[g]))
-        else:
-            out.append(str(g))
-    return out
-
-
-def fraction_env(fraction: float, gpu_ids: Sequence[str], gpu_memory: int = 0) -> dict[str, str]:
-    """Environment that shares one GPU without MIG, the way Run:ai / KAI do it.
-
-    * ``NVIDIA_VISIBLE_DEVICES``: the NVIDIA container runtime mounts only this GPU into the
-      container (when the runtime accepts the variable from unprivileged pods, its default).
-    * ``GPUPOOL_GPU_FRACTION`` / ``GPUPOOL_GPU_MEMORY_LIMIT`` (bytes): read by gpupool's helpers
-      and by user code (e.g. ``torch.cuda.set_per_process_memory_fraction``).
-    * ``XLA_PYTHON_CLIENT_MEM_FRACTION``: JAX allocates at most this share.
-    * ``TF_FORCE_GPU_ALLOW_GROWTH``: TensorFlow does not grab the whole GPU at start.
-    * ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``: enforced only
-      when an MPS control daemon serves the node; ignored otherwise.
-
-    None of these is a hard memory limit without MPS: a process that allocates beyond its share
-    can still exhaust the GPU for its neighbours (docs/kubernetes.md says so)."""
-    frac = max(0.0, min(1.0, float(fraction)))
-    env = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids),
-        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
-        "GPUPOOL_GPU_FRACTION": f"{frac:g}",
-        "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{frac:.2f}",
-        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, int(round(frac * 100)))),
-    }
-    if gpu_memory > 0:
-        limit = int(gpu_memory * frac)
-        env["GPUPOOL_GPU_MEMORY_LIMIT"] = str(limit)
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, limit // 2**20)}M"
-    return env
+    return P.device_ids(placement.gpus, uuids)
 
 
 def gpu_env(placement: PodPlacement, uuids: Sequence[str] | None = None, gpu_memory: int = 0) -> dict[str, str]:
-    """The GPU part of a pod's environment for ``placement``: fraction variables for a share;
-    for whole GPUs only where they are (``GPUPOOL_GPUS``: the scheduler's indices on
-    ``GPUPOOL_NODE``; the device plugin sets NVIDIA_VISIBLE_DEVICES to the devices it picked);
-    ``NVIDIA_VISIBLE_DEVICES=void`` for a CPU-only pod, so an image built on a CUDA base image
-    (which says ``NVIDIA_VISIBLE_DEVICES=all``) does not see every GPU of the node."""
-    if not placement.gpus:
-        return {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": "", "GPUPOOL_GPUS": "",
-                "GPUPOOL_GPU_FRACTION": "0"}
-    where = {"GPUPOOL_GPUS": ",".join(str(g) for g in placement.gpus), "GPUPOOL_NODE": placement.node}
-    if placement.fraction < 1.0:
-        env = fraction_env(placement.fraction, gpu_ids_for(placement, uuids)[:1], gpu_memory)
-        env.update(where)
-        return env
-    return {**where, "GPUPOOL_GPU_FRACTION": "1"}
+    """The GPU part of a pod's environment for ``placement`` (``gpu_memory``: the memory of one of
+    the node's GPUs, 0 unknown): :func:`gpupool.protocol.gpu_env` for a container. Whole GPUs are
+    named only by where they are (the device plugin picks and isolates the devices); a fraction
+    names its GPU in ``NVIDIA_VISIBLE_DEVICES`` and its share and memory cap in the environment,
+    the way Run:ai / KAI share a GPU without MIG; a CPU-only pod gets
+    ``NVIDIA_VISIBLE_DEVICES=void``."""
+    return P.gpu_env(placement, uuids=uuids, memory=P.memory_limit(placement.fraction, gpu_memory), container=True)
 
 
 def env_list(env: dict[str, str]) -> list[dict[str, str]]:
@@ -284,10 +240,9 @@ class JobPodSpec:
 
 LABEL_RUN = f"{GROUP}/run-id"
 # Credentials in a job's environment go into a Secret owned by the pod, not into the pod spec
-SECRET_ENV = ("GPUPOOL_API_TOKEN", "JUPYTERHUB_API_TOKEN")
+SECRET_ENV = (*Env.SECRETS, "JUPYTERHUB_API_TOKEN")
 # Environment variables describing the service's own machine that make no sense in a pod
-HOST_ONLY_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
-                 "HIP_VISIBLE_DEVICES", "HOME", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH")
+HOST_ONLY_ENV = (*P.GPU_VISIBILITY, "HOME", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH")
 
 
 def job_pod_name(run_id: str) -> str:
@@ -296,8 +251,8 @@ def job_pod_name(run_id: str) -> str:
 
 
 def exit_file(job_dir: str, attempt: int, rank: int = 0) -> str:
-    """Where the run (worker ``rank``) writes its exit status (the local backend's runner layout)."""
-    return worker_file(f"{job_dir.rstrip('/')}/runs/{int(attempt)}/exit.json", rank)
+    """Where the run (worker ``rank``) writes its exit status (the job directory's layout)."""
+    return P.JobDir(job_dir.rstrip("/")).exit_file(attempt, rank)
 
 
 LABEL_GANG = f"{GROUP}/gang"
@@ -385,12 +340,12 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
     # GPUPOOL_RUN_ID marks the run's processes (the runner finds and cleans them up by it); run-job
     # gives it to the runner only, so the entrypoint itself is not one of them
     env: dict[str, str] = {k: str(v) for k, v in (spec.env or {}).items()
-                           if k not in HOST_ONLY_ENV and k != "GPUPOOL_RUN_ID"}
+                           if k not in HOST_ONLY_ENV and k != Env.RUN_ID}
     env.update({
-        "GPUPOOL_JOB_ID": spec.job_id,
-        "GPUPOOL_CHECKPOINT_DIR": spec.checkpoint_dir,
-        "GPUPOOL_STOP_FILE": spec.stop_file,
-        "GPUPOOL_PREEMPTION_GRACE": f"{float(spec.grace_seconds):g}",
+        Env.JOB_ID: spec.job_id,
+        Env.CHECKPOINT_DIR: spec.checkpoint_dir,
+        Env.STOP_FILE: spec.stop_file,
+        Env.PREEMPTION_GRACE: f"{float(spec.grace_seconds):g}",
         "HOME": spec.home_mount,
         "PYTHONUNBUFFERED": "1",
     })
@@ -502,14 +457,11 @@ def delete_options(grace_seconds: int) -> dict[str, Any]:
 # -- the job pod's entrypoint -------------------------------------------------------------------
 
 def _write_stop_file(path: str, reason: str) -> None:
-    if not path or os.path.exists(path):
+    """The pod's own stop request (kept when the service wrote one first, with its reason)."""
+    if not path:
         return
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"requested_at": time.time(), "reason": reason}, f)
-        os.replace(tmp, path)
+        P.write_stop(path, reason, replace=False)
     except OSError as e:
         print(f"gpupool: could not write the stop request {path}: {e}", flush=True)
 
@@ -547,7 +499,7 @@ def run_job(argv: Sequence[str]) -> int:
     runner = [sys.executable, "-m", "gpupool.backends.local", "run", "--exit-file", args.exit_file,
               "--log", args.log, "--run-id", args.run_id, "--", *cmd]
     env = dict(os.environ)
-    env["GPUPOOL_RUN_ID"] = args.run_id
+    env[Env.RUN_ID] = args.run_id
     proc = subprocess.Popen(runner, env=env, stdin=subprocess.DEVNULL)
     state: dict[str, Any] = {"term_at": None, "forwarded": False}
 
@@ -596,10 +548,10 @@ def run_job(argv: Sequence[str]) -> int:
 
 def main(argv: Iterable[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["run-job"] and argv is None and "GPUPOOL_RUN_ID" in os.environ:
+    if args[:1] == ["run-job"] and argv is None and Env.RUN_ID in os.environ:
         # the runner kills every process whose environment carries the run id once papermill is
         # done: start again without it (/proc/<pid>/environ is the environment at exec time)
-        env = {k: v for k, v in os.environ.items() if k != "GPUPOOL_RUN_ID"}
+        env = {k: v for k, v in os.environ.items() if k != Env.RUN_ID}
         os.execve(sys.executable, [sys.executable, "-m", "gpupool.backends.kube_manifests", *args], env)
     if args[:1] != ["run-job"]:
         print("usage: python -m gpupool.backends.kube_manifests run-job --exit-file F --log L --run-id R "

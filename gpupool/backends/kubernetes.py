@@ -42,7 +42,8 @@ from typing import Any, Callable
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import Config, LoggingConfigurable
 
-from ..contract import TRAIN
+from .. import protocol as P
+from ..contract import TRAIN, decode_allocation
 from ..scheduler.model import NodeSpec, PodPlacement
 from ..scheduler.units import parse_bytes, parse_cpu
 from . import kube_manifests as km
@@ -505,12 +506,7 @@ def _unschedulable(pod: dict) -> str | None:
     return None
 
 
-def read_exit_code(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(json.load(f)["exit_code"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+read_exit_code = P.read_exit  # the job protocol's exit file (written by the pod's runner)
 
 
 def describe_exit(code: int | None) -> str:
@@ -654,9 +650,7 @@ class KubeJobBackend(JobBackend):
         """The pod description for ``spec`` (worker ``rank`` of a distributed job, with its
         ``rendezvous`` variables and headless ``service``); pure apart from settings and the inventory."""
         if spec.placements:
-            p = spec.placements[rank]
-            placement = PodPlacement(pod=int(p.get("pod", 0)), node=str(p["node"]), gpus=tuple(p.get("gpus", ())),
-                                     fraction=float(p.get("fraction", 1.0)))
+            placement = decode_allocation(spec.placements[rank:rank + 1])[0]
         else:
             placement = PodPlacement(pod=0, node="", gpus=())
         uuids, gpu_memory = self._node_info(placement.node)
@@ -667,7 +661,7 @@ class KubeJobBackend(JobBackend):
         env.update(rendezvous or {})
         env.setdefault("JUPYTERHUB_USER", spec.user)
         if self.kube.api_url:
-            env["GPUPOOL_API_URL"] = self.kube.api_url
+            env[P.Env.API_URL] = self.kube.api_url
         memory = spec.memory or (parse_bytes(self.kube.memory) if self.kube.memory else 0)
         pod = km.JobPodSpec(
             job_id=spec.job_id, run_id=worker_run_id(spec.run_id, rank), user=spec.user, queue=spec.queue,
@@ -692,9 +686,10 @@ class KubeJobBackend(JobBackend):
     def _handle(self, pod: dict) -> dict:
         meta = pod.get("metadata", {})
         ann = meta.get("annotations") or {}
+        placed = km.placement_from_json(ann.get(km.ANN_PLACEMENT))
         return {"namespace": meta.get("namespace", self.namespace), "pod": meta.get("name"), "uid": meta.get("uid"),
                 "run_id": ann.get(f"{km.GROUP}/run-id"), "job_id": ann.get(km.ANN_JOB),
-                "node": ((km.placement_from_json(ann.get(km.ANN_PLACEMENT)) or [None])[0] or PodPlacement(0, "")).node,
+                "node": placed[0].node if placed else "",
                 "started": time.time()}
 
     async def start(self, spec: JobSpec) -> dict:
@@ -933,11 +928,7 @@ class KubeJobBackend(JobBackend):
         service), SIGTERM reaches the notebook after preemption_grace, SIGKILL after both."""
         await self.start_watching()
         try:
-            os.makedirs(os.path.dirname(spec.stop_file), exist_ok=True)
-            tmp = spec.stop_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"requested_at": time.time(), "reason": reason}, f)
-            os.replace(tmp, spec.stop_file)
+            P.write_stop(spec.stop_file, reason)
         except OSError as e:
             self.log.info("gpupool: stop file %s not written here (%s); the pod writes it on SIGTERM", spec.stop_file, e)
         grace = float(self._pool("preemption_grace", 30.0)) + float(self._pool("kill_after", 5.0))

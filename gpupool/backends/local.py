@@ -8,8 +8,8 @@ session of its own) and writes ``exit.json`` with the exit code. Every process o
 ``GPUPOOL_RUN_ID=<job id>.<attempt>`` in its environment; that is how the backend finds a run
 again after the service restarts (no handle needed) and how it reaches the kernel.
 
-Liveness never trusts a bare pid: a pid counts only while ``/proc/<pid>/environ`` carries the
-run id and the process is not a zombie.
+Liveness never trusts a bare pid: a pid counts only while its environment carries the run id and
+the process is not a zombie (read with psutil).
 """
 from __future__ import annotations
 
@@ -22,66 +22,45 @@ import sys
 import time
 from typing import Any
 
-from .base import (EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, program_argv, worker_file,
-                   worker_run_id)
+import psutil
 
-RUN_ENV = "GPUPOOL_RUN_ID"
+from .. import protocol as P
+from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, program_argv, worker_run_id
+
+RUN_ENV = P.Env.RUN_ID
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
             "CUDA_HOME", "PYTHONPATH", "JUPYTER_PATH", "JUPYTER_DATA_DIR", "TMPDIR")
 
 
 # --------------------------------------------------------------------------------------------
-# /proc helpers (Linux)
+# processes of a run (psutil)
 
-def _read(path: str) -> bytes | None:
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _of_run(proc: psutil.Process, run_id: str) -> bool:
+    """Whether ``proc`` is a live (non-zombie) process of the run ``run_id``: its environment (as
+    it was at exec) carries the run id. Gone, or not ours to read: no."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _is_zombie(pid: int) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return True
-    # "pid (comm) S ..." -- comm may contain spaces and parentheses: split at the last ')'
-    rest = stat[stat.rfind(b")") + 2:]
-    return rest[:1] in (b"Z", b"X")
-
-
-def _has_run(pid: int, tag: bytes) -> bool:
-    env = _read(f"/proc/{pid}/environ")
-    return env is not None and (env.startswith(tag) or b"\0" + tag in env)
-
-
-def _tag(run_id: str) -> bytes:
-    return f"{RUN_ENV}={run_id}\0".encode()
+        return proc.environ().get(RUN_ENV) == run_id and proc.status() not in _GONE
+    except psutil.Error:
+        return False
 
 
 def run_alive(pid: int | None, run_id: str) -> bool:
     """Whether ``pid`` is a live (non-zombie) process of the run ``run_id``."""
     if not pid:
         return False
-    return _has_run(pid, _tag(run_id)) and not _is_zombie(pid)
+    try:
+        return _of_run(psutil.Process(pid), run_id)
+    except psutil.Error:
+        return False
 
 
 def run_pids(run_id: str) -> list[int]:
     """Every live process of the run, found by its environment."""
-    tag = _tag(run_id)
     me = os.getpid()
-    out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if pid != me and _has_run(pid, tag) and not _is_zombie(pid):
-            out.append(pid)
-    return out
+    return [p.pid for p in psutil.process_iter() if p.pid != me and _of_run(p, run_id)]
 
 
 def _signal_run(run_id: str, pgid: int | None, sig: int) -> None:
@@ -97,14 +76,7 @@ def _signal_run(run_id: str, pgid: int | None, sig: int) -> None:
             pass
 
 
-def read_exit(exit_file: str) -> int | None:
-    data = _read(exit_file)
-    if not data:
-        return None
-    try:
-        return int(json.loads(data)["exit_code"])
-    except (ValueError, KeyError, TypeError):
-        return None
+read_exit = P.read_exit
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,16 +107,17 @@ class LocalBackend(JobBackend):
     def _start(self, spec: JobSpec) -> dict:
         """Start every worker of the run (one for a plain job); all or none: a worker that cannot
         start takes the ones already started down with it."""
-        run_dir = os.path.join(spec.job_dir, "runs", str(spec.attempt))
+        files = spec.files
+        run_dir = files.run_dir(spec.attempt)
         os.makedirs(run_dir, exist_ok=True)
         os.makedirs(spec.checkpoint_dir, exist_ok=True)
         pods = max(1, int(spec.pods or 1))
-        for stale in [worker_file(os.path.join(run_dir, "exit.json"), r) for r in range(pods)] + [spec.stop_file]:
+        for stale in [files.exit_file(spec.attempt, r) for r in range(pods)] + [spec.stop_file]:
             try:
                 os.unlink(stale)
             except FileNotFoundError:
                 pass
-        params = os.path.join(run_dir, "parameters.json")
+        params = files.parameters(spec.attempt)
         with open(params, "w") as f:
             json.dump(spec.parameters or {}, f)
         kwargs: dict[str, Any] = {}
@@ -161,7 +134,7 @@ class LocalBackend(JobBackend):
             kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid))
             for path in (spec.job_dir, run_dir, spec.checkpoint_dir, os.path.dirname(spec.stop_file)):
                 os.chown(path, pw.pw_uid, pw.pw_gid)
-            for path in [worker_file(p, r) for p in (spec.log, spec.output) for r in range(pods)]:
+            for path in [f(r) for f in (spec.worker_log, spec.worker_output) for r in range(pods)]:
                 if os.path.exists(path):
                     os.chown(path, pw.pw_uid, pw.pw_gid)
         if not os.path.isdir(spec.workdir):
@@ -175,7 +148,7 @@ class LocalBackend(JobBackend):
         handles: list[dict] = []
         try:
             for rank in range(pods):
-                handles.append(self._start_worker(spec, rank, run_dir, params, home, rendezvous.get(rank, {}), kwargs))
+                handles.append(self._start_worker(spec, rank, params, home, rendezvous.get(rank, {}), kwargs))
         except BaseException:
             for h in handles:
                 _signal_run(h["run_id"], h.get("pgid"), signal.SIGKILL)
@@ -185,7 +158,7 @@ class LocalBackend(JobBackend):
             handle["workers"] = handles[1:]
         return handle
 
-    def _start_worker(self, spec: JobSpec, rank: int, run_dir: str, params: str, home: str, rendezvous: dict,
+    def _start_worker(self, spec: JobSpec, rank: int, params: str, home: str, rendezvous: dict,
                       kwargs: dict) -> dict:
         python = spec.python or sys.executable
         cmd = [python, "-m", "papermill", spec.notebook, spec.worker_output(rank), "-f", params, "--cwd",
@@ -194,7 +167,7 @@ class LocalBackend(JobBackend):
             cmd += ["-k", spec.kernel_name]
         cmd = program_argv(spec.command, python, cmd)
         run_id = worker_run_id(spec.run_id, rank)
-        exit_file = worker_file(os.path.join(run_dir, "exit.json"), rank)
+        exit_file = spec.files.exit_file(spec.attempt, rank)
         runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file,
                   "--log", spec.worker_log(rank), "--run-id", run_id, "--", *cmd]
         env = self._env(spec, home)
@@ -254,11 +227,7 @@ class LocalBackend(JobBackend):
         return self._state(handle)
 
     async def request_checkpoint(self, handle: dict, spec: JobSpec, reason: str = "") -> None:
-        os.makedirs(os.path.dirname(spec.stop_file), exist_ok=True)
-        tmp = spec.stop_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"requested_at": time.time(), "reason": reason}, f)
-        os.replace(tmp, spec.stop_file)
+        P.write_stop(spec.stop_file, reason)
 
     async def terminate(self, handle: dict, force: bool = False) -> None:
         for h in _workers(handle):
@@ -277,7 +246,7 @@ class LocalBackend(JobBackend):
 
     def _adopt_worker(self, spec: JobSpec, rank: int, handle: dict | None) -> tuple[dict, RunState]:
         run_id = worker_run_id(spec.run_id, rank)
-        exit_file = worker_file(os.path.join(spec.job_dir, "runs", str(spec.attempt), "exit.json"), rank)
+        exit_file = spec.files.exit_file(spec.attempt, rank)
         if handle and run_alive(handle.get("pid"), run_id):
             return handle, RunState(RUNNING)
         pids = run_pids(run_id)
@@ -315,8 +284,12 @@ def free_port() -> int:
 
 
 def _is_runner(pid: int) -> bool:
-    cmd = _read(f"/proc/{pid}/cmdline") or b""
-    return b"gpupool.backends.local\0run\0" in cmd and _pgid(pid) == pid
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    ours = any(cmd[i:i + 2] == ["gpupool.backends.local", "run"] for i in range(len(cmd)))
+    return ours and _pgid(pid) == pid
 
 
 def _pgid(pid: int) -> int | None:
@@ -386,10 +359,7 @@ def _runner(argv: list[str]) -> int:
         while pause and time.time() < deadline and leftovers:
             time.sleep(0.1)
             leftovers = [p for p in run_pids(args.run_id) if p != os.getpid()]
-    tmp = args.exit_file + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"exit_code": code, "signal": stopped[0] if stopped else None, "t": time.time()}, f)
-    os.replace(tmp, args.exit_file)
+    P.write_exit(args.exit_file, code, stopped[0] if stopped else None)
     log.close()
     return code
 

@@ -81,7 +81,7 @@ _BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
 _QUOTA_WORDS = ("quota", "limit", "exceed")
 
 
-def error_from_response(resp: requests.Response) -> GPUPoolError:
+def error_from_response(resp: requests.Response, login_hint: bool = True) -> GPUPoolError:
     status = resp.status_code
     message = field = None
     try:
@@ -94,7 +94,7 @@ def error_from_response(resp: requests.Response) -> GPUPoolError:
         message = f"{status} {resp.reason or ''}".strip()
         if status == 404:
             message = f"not found: {resp.url} (is this the gpupool service?)"
-    if status == 401 and "gpupool login" not in message:
+    if status == 401 and login_hint and "gpupool login" not in message:
         message = f"{message} (the token was not accepted: run `gpupool login` for a new one)"
     cls = _BY_STATUS.get(status)
     if cls is None:
@@ -111,11 +111,12 @@ class Client:
     """A connection to the gpupool service: ``Client(url, token)`` or ``Client.from_env()``."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 url_source: str = "argument", session: requests.Session | None = None):
+                 url_source: str = "argument", session: requests.Session | None = None, login_hint: bool = True):
         self.url = _config.api_base(url)
         self.token = token
         self.timeout = timeout
         self.url_source = url_source
+        self.login_hint = login_hint  # a refused token: suggest `gpupool login` (not for the spawner's token)
         self._local = threading.local()
         self._session = session
 
@@ -169,8 +170,8 @@ class Client:
         except requests.ConnectionError as e:
             why = "connection refused" if "refused" in str(e).lower() else "cannot connect"
             raise ConnectionFailed(
-                f"cannot reach the gpupool service at {self.url} ({why}; URL from {self.url_source}). "
-                "Is the hub running? `gpupool login URL` sets the URL.", url=url) from None
+                f"cannot reach the gpupool service at {self.url} ({why}; URL from {self.url_source})."
+                + (" Is the hub running? `gpupool login URL` sets the URL." if self.login_hint else ""), url=url) from None
         except requests.Timeout:
             raise ConnectionFailed(f"the gpupool service at {self.url} did not answer within "
                                    f"{timeout or self.timeout:g}s", url=url) from None
@@ -181,7 +182,7 @@ class Client:
             hint = " (redirected to a login page: the token was not accepted; run `gpupool login`)" if "login" in loc else ""
             raise ConnectionFailed(f"{url} redirected to {loc}{hint}; is {self.url} the gpupool API?", url=url)
         if resp.status_code >= 400:
-            raise error_from_response(resp)
+            raise error_from_response(resp, self.login_hint)
         if raw:
             return resp
         if resp.status_code == 204 or not resp.content:

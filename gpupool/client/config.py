@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from ..protocol import Env
+
 SERVICE_NAME_ENV = "GPUPOOL_SERVICE_NAME"
 DEFAULT_SERVICE_NAME = "gpupool"
 
@@ -140,14 +142,14 @@ def resolve(url: str | None = None, token: str | None = None, env=None) -> Conne
         url_source = "argument"
     elif env.get("GPUPOOL_URL"):
         url, url_source = env["GPUPOOL_URL"], "GPUPOOL_URL"
-    elif env.get("GPUPOOL_API_URL"):
-        url, url_source = env["GPUPOOL_API_URL"], "GPUPOOL_API_URL"
+    elif env.get(Env.API_URL):  # inside a job (the job protocol's names)
+        url, url_source = env[Env.API_URL], Env.API_URL
     if token:
         token_source = "argument"
     elif env.get("GPUPOOL_TOKEN"):
         token, token_source = env["GPUPOOL_TOKEN"], "GPUPOOL_TOKEN"
-    elif env.get("GPUPOOL_API_TOKEN") and (url_source in (None, "GPUPOOL_API_URL")):
-        token, token_source = env["GPUPOOL_API_TOKEN"], "GPUPOOL_API_TOKEN"
+    elif env.get(Env.API_TOKEN) and (url_source in (None, Env.API_URL)):
+        token, token_source = env[Env.API_TOKEN], Env.API_TOKEN
     if not url or not token:
         data, path = _read_config_file()
         if not url and data.get("url"):

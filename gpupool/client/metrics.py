@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 
+from ..protocol import Env
 from .api import Client, GPUPoolError
 
 _lock = threading.Lock()
@@ -25,14 +26,14 @@ _client_key: tuple | None = None
 
 def _job_client() -> tuple[str, Client] | None:
     global _client, _client_key
-    job_id = os.environ.get("GPUPOOL_JOB_ID")
-    url = os.environ.get("GPUPOOL_API_URL")
+    job_id = os.environ.get(Env.JOB_ID)
+    url = os.environ.get(Env.API_URL)
     if not job_id or not url:
         return None
-    key = (job_id, url, os.environ.get("GPUPOOL_API_TOKEN"))
+    key = (job_id, url, os.environ.get(Env.API_TOKEN))
     with _lock:
         if _client is None or _client_key != key:
-            _client = Client(url, key[2], timeout=10, url_source="GPUPOOL_API_URL")
+            _client = Client(url, key[2], timeout=10, url_source=Env.API_URL)
             _client_key = key
         return job_id, _client
 
@@ -70,7 +71,7 @@ def log_metric(name: str, value: float, step: int | None = None) -> bool:
     if found is None:
         if not _warned_outside:
             _warned_outside = True
-            warnings.warn("gpupool.log_metric: not running inside a gpupool job (GPUPOOL_JOB_ID is not set); "
+            warnings.warn(f"gpupool.log_metric: not running inside a gpupool job ({Env.JOB_ID} is not set); "
                           "metrics are not recorded", RuntimeWarning, stacklevel=2)
         return False
     job_id, client = found

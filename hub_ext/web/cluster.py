@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from ..domain.errors import APIError
+from ..domain.identity import Identity
 from ..store import tables as D
 from . import schemas
 from .base import BaseHandler
@@ -28,9 +29,15 @@ class MetricsHandler(BaseHandler):
 
 class QueuesHandler(BaseHandler):
     @needs_scope(SUBMIT)
-    def get(self) -> None:
-        self.query(schemas.QueuesQuery)  # ?user= (the spawner's) is checked and ignored: may_submit is the caller's
+    async def get(self) -> None:
+        args = self.query(schemas.QueuesQuery)
         svc = self.svc
+        who = self.ident  # may_submit is the caller's, or with ?user= (an admin: the spawner) that user's
+        if args.user and args.user != who.name:
+            if not who.admin:
+                raise APIError(403, "user: you may only ask which queues you may use", "user")
+            groups, hub_admin = await svc.auth.user_info(args.user)
+            who = Identity(name=args.user, groups=groups, admin=hub_admin)
         st = svc.loop.state
         out = []
         for q in svc.settings.queues:
@@ -42,7 +49,7 @@ class QueuesHandler(BaseHandler):
                 "fair_share": st.fair_share.get(q.name, {}), "allocated": st.allocated.get(q.name, {}),
                 "running": view.running if view else 0, "pending": view.pending if view else 0,
                 "users": acc.get("users", []), "groups": acc.get("groups", []),
-                "may_submit": svc.access.may_use(self.ident, q.name),
+                "may_submit": svc.access.may_use(who, q.name),
             })
         self.send({"queues": out})
 

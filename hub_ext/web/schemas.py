@@ -210,7 +210,9 @@ class LogQuery(RankQuery):
 
 
 class QueuesQuery(Query):
-    user: Optional[Name] = Field(None, description="accepted for the spawner; the answer is the caller's view")
+    user: Optional[Name] = Field(None, description="whose access ``may_submit`` reports (default: the caller's; "
+                                                   "another user's needs the admin scope: the spawner asks for "
+                                                   "the user it starts a server for)")
 
 
 class StrictQuery(Query):
