@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixtures)
+from test_service_restart import ledger
 
 pytestmark = pytest.mark.hub
 
@@ -156,6 +157,7 @@ def test_draining_a_node_under_a_checkpointing_job_resumes_it_elsewhere(hub):
     assert [s for _, s in steps] == list(range(40)), steps
     one, two = [s for a, s in steps if a == 1], [s for a, s in steps if a == 2]
     assert one and two and two[0] == one[-1] + 1
+    assert [r["end_reason"] for r in ledger(hub, jid)] == ["drain", "succeeded"]
     log = hub.api("GET", f"jobs/{jid}/log", alice).text
     assert f"asked to stop (its node {node} is being drained (by admin: maintenance)" in log
     assert f"resuming from" in log and f"attempt 2: starting at step {two[0]}" in log
@@ -209,6 +211,28 @@ def test_a_workspace_on_a_failed_node_is_suspended_and_its_gpu_released(hub):
     assert hub.api("POST", f"nodes/{node}/return", admin).json()["state"] == "up"
 
 
+def test_a_gang_with_one_worker_on_a_failed_node_leaves_whole(hub):
+    admin, alice = hub.admin_token, hub.token("alice")
+    r = hub.api("POST", "jobs", alice, json={"pods": 2, "gpus": 1, "command": [
+        "python", "-c", "import time; time.sleep(120)"]})
+    jid = r.json()["id"]
+    job = hub.wait_job(alice, jid, {"running"}, 60)
+    assert sorted(p["node"] for p in job["allocation"]) == ["a", "b"], job
+    hub.wait_for(lambda: len(hub.job_pids()) >= 2, 30)
+    res = cli(hub, "node", "fail", "b", "--reason", "fan", token=admin)
+    assert res.returncode == 0 and res.stdout.splitlines() == [
+        "node b: failed (by admin: fan)", f"stopped and requeued (or suspended): {jid}"], res.stdout
+    job = hub.api("GET", f"jobs/{jid}", alice).json()
+    assert job["status"] == "queued" and job["allocation"] == [], job  # both workers, not only b's
+    hub.wait_for(lambda: not hub.job_pids(), 30, message="the gang's worker on node a was not stopped")
+    assert nodes(hub)["a"]["gpus"][0]["allocations"] == []
+    assert hub.api("POST", "nodes/b/return", admin).json()["state"] == "up"
+    assert hub.wait_job(alice, jid, {"running"}, 60)["attempts"] == 2  # whole again, on both nodes
+    hub.api("DELETE", f"jobs/{jid}", alice)
+    hub.wait_job(alice, jid, {"cancelled"}, 30)
+    hub.wait_for(lambda: hub.api("GET", f"jobs/{jid}", alice).json()["allocation"] == [], 30)
+
+
 # -- a GPU that NVML no longer lists (the local backend) -----------------------------------------
 
 def test_a_gpu_that_nvml_no_longer_lists_fails_its_node_until_it_is_back(tmp_path):
@@ -231,9 +255,13 @@ def test_a_gpu_that_nvml_no_longer_lists_fails_its_node_until_it_is_back(tmp_pat
         hub.wait_job(alice, jid, {"running"}, 60)
 
         nvml_standin.write(readings, [0.0])  # GPU 1 fell off the bus
-        job = hub.wait_job(alice, jid, {"queued"}, 30)
-        why = f"NVML no longer lists GPU 1 (GPU-00000001-0000)"
-        assert job["reason"].startswith(f"requeued: its node {box['name']} failed ({why}); it restarts"), job
+        hub.wait_job(alice, jid, {"queued"}, 30)
+        why = "NVML no longer lists GPU 1 (GPU-00000001-0000)"
+        # the usage record says why it ended (the job's reason is the scheduler's again by now)
+        [record] = ledger(hub, jid)
+        assert (record["end_reason"], record["end_detail"]) == (
+            "node-failure", f"requeued: its node {box['name']} failed ({why}); it restarts from the beginning "
+                            "(it saved no checkpoint)"), record
         node = nodes(hub)[box["name"]]
         assert (node["state"], node["state_reason"], node["state_source"], node["schedulable"]) == (
             "failed", why, "local", False)
