@@ -154,3 +154,15 @@ def test_departments_deserving_less_than_their_projects_are_a_warning_not_an_err
     assert errors == [] and warnings == [f"c.GPUPool.queues: the children of 'd' deserve 16 GPUs in all, more than "
                                          f"its 8 {tail}"]
 
+
+
+def test_the_cli_shows_a_nodes_state():
+    from gpupool.client.cli import _node_state, gpu_map
+
+    drained = {"name": "a", "state": "draining", "state_reason": "by alice: kernel update", "schedulable": False,
+               "unschedulable_reason": "by alice: kernel update", "gpus": [{"index": 0, "allocated": 1}]}
+    cordoned = {"name": "k", "schedulable": False, "unschedulable_reason": "cordoned", "gpus": []}  # an older service
+    assert [_node_state(n) for n in (drained, cordoned, {"name": "u", "state": "up"})] == [
+        "draining (by alice: kernel update)", "unschedulable (cordoned)", "up"]
+    lines = gpu_map([drained, cordoned]).splitlines()
+    assert lines[1].startswith("a (draining) ") and lines[2].startswith("k (unschedulable) ")

@@ -361,7 +361,7 @@ def cmd_nodes(args) -> int:
 
 def _node_state(n: dict) -> str:
     """``up``, ``draining (by alice: kernel update)``, ``failed (NotReady in Kubernetes)``."""
-    state = n.get("state") or "up"
+    state = n.get("state") or ("up" if n.get("schedulable", True) else "unschedulable")
     why = n.get("state_reason") or (n.get("unschedulable_reason") if not n.get("schedulable", True) else None)
     return f"{state} ({why})" if why else state
 
@@ -391,7 +391,8 @@ def gpu_map(nodes: list[dict], width: int = 20, me: str | None = None) -> str:
     rows = []
     for n in nodes:
         gpus = n.get("gpus") or []
-        state = "" if n.get("schedulable", True) else " (unschedulable)"
+        out = n.get("state") not in (None, "up")  # drained, draining, failed
+        state = f" ({n['state']})" if out else "" if n.get("schedulable", True) else " (unschedulable)"
         for i, g in enumerate(gpus):
             allocated = min(1.0, float(g.get("allocated") or 0))
             k = int(round(allocated * width))

@@ -90,10 +90,14 @@ class NodeStates:
         if not self.out:
             return []
         acted = []
-        for row in s.scalars(select(D.Workload).where(D.Workload.allocation.is_not(None))).all():
-            hit = N.leaving(row.allocation, self.out)
-            if hit is None:
+        # plain rows first (cheap for thousands); a workload's ORM row only when it must leave
+        plain = s.execute(select(D.Workload.id, D.Workload.allocation, D.Workload.stop_requested_at)
+                          .where(D.Workload.allocation.is_not(None))).all()
+        for r in plain:
+            hit = N.leaving(r.allocation, self.out)
+            if hit is None or (hit[1].action == N.DRAIN and r.stop_requested_at is not None):
                 continue
+            row = s.get(D.Workload, r.id)
             name, out = hit
             if out.action == N.FAIL:
                 await self._failed(loop, s, row, f"its node {name} failed" + (f" ({out.why})" if out.why else ""), now)
