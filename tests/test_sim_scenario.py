@@ -166,7 +166,6 @@ MALFORMED = [
     ("queues", DELETE, "queues: is required"),
     ("queues[1].parent", "nowhere", "queues[1].parent: unknown queue 'nowhere'"),
     ("queues[1].limit", {"gpu": 1}, "queues[1].limit.gpu: limit 1 is below deserved 4"),
-    ("queues[2].deserved", {"gpu": 3}, "queues[0].deserved.gpu: children of 'research' deserve 7"),
     ("queues[3].name", "vision", "queues[3].name: duplicate queue name 'vision'"),
     ("workloads", {"a": 1}, "workloads: must be a list"),
     ("workloads[0].queue", "research", "workloads[0].queue: 'research' is a department"),
