@@ -40,6 +40,9 @@ class Cause(str, enum.Enum):
     RECLAIM = "reclaim"
     PRIORITY = "priority"
     CONSOLIDATION = "consolidation"
+    # set by adapters, never by the core: the node under the workload failed / is being drained
+    NODE_FAILURE = "node-failure"
+    DRAIN = "drain"
 
 
 # Codes under which the workload has a plan in motion (victims are releasing for it).
