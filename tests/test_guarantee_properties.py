@@ -480,12 +480,6 @@ def test_steady_state_makes_no_preemptions(case, seed):
 # Separate tests, so that the original generator's fixed examples stay as they were:
 #   pytest tests/test_guarantee_properties.py -k "not extended"   # the original generator
 #   pytest tests/test_guarantee_properties.py -k extended         # over-commit and node events
-EXTENDED_OPEN = pytest.mark.xfail(
-    strict=False, reason="open: reclaim does not yet enforce shrunk shares (the over-committed counterexamples "
-                         "are kept as tests/scenarios/regress_shrunk_*.yaml); drop once they pass")
-
-
-@EXTENDED_OPEN
 @_settings(N_EXTENDED)
 @given(scenarios(extended=True), st.integers(0, 2))
 def test_extended_entitled_workloads_start_within_two_grace_periods(data, seed):
@@ -631,11 +625,6 @@ def test_regress_reclaiming_workload_starts_within_the_bound():
     assert not late, late
 
 
-SHRUNK_OPEN = ("open: reclaim compares a victim's queue with its nominal deserved quota, not its shrunk share, "
-               "so a queue below its shrunk share is refused (see the scenario's header)")
-
-
-@pytest.mark.xfail(strict=False, reason=SHRUNK_OPEN)
 @pytest.mark.parametrize("name, seed", [
     ("regress_shrunk_overcommitted_quotas", 2),  # no node event: quotas over-commit one node
     ("regress_shrunk_after_drain", 2),  # a drain halves the cluster under quotas that fit it

@@ -210,7 +210,9 @@ class Engine:
             from gpupool.scheduler import Scheduler  # the real core
 
             scheduler = Scheduler(SchedulerConfig(min_runtime=cfg.min_runtime, preemption_grace=cfg.preemption_grace,
-                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed),
+                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed,
+                                                  gpu_memory_reserve=cfg.gpu_memory_reserve,
+                                                  gpu_memory_reserve_min=cfg.gpu_memory_reserve_min),
                                   timer=time.perf_counter)  # per-action timing for the report
         self.scheduler = scheduler
         self.on_cycle = on_cycle

@@ -28,10 +28,12 @@ import yaml
 
 from gpupool.scheduler.model import NodeSpec, QueueSpec, Workload
 from gpupool.scheduler.placement import POLICIES
+from gpupool.scheduler.units import parse_bytes
 from gpupool.scheduler.spec import SpecError, parse_nodes, parse_queues, parse_workload
 
 TOP_LEVEL = ("name", "description", "config", "cluster", "queues", "workloads")
-CONFIG_FIELDS = ("cycle", "preemption_grace", "min_runtime", "until", "placement", "topology_key")
+CONFIG_FIELDS = ("cycle", "preemption_grace", "min_runtime", "until", "placement", "topology_key",
+                 "gpu_memory_reserve")
 CLUSTER_FIELDS = ("nodes", "events")
 NODE_ACTIONS = ("fail", "drain", "return")
 EVENT_FIELDS = ("t", "node", "action")
@@ -46,6 +48,8 @@ class SimConfig:
     until: float | None = None
     placement: str = "default"
     topology_key: str = "rack"
+    gpu_memory_reserve: float = 0.0  # fraction of each GPU's memory the driver keeps
+    gpu_memory_reserve_min: int = 0  # ... at least this many bytes
 
 
 @dataclass
@@ -116,6 +120,19 @@ def parse_config(value: Any, path: str = "config") -> SimConfig:
         if not isinstance(value["topology_key"], str) or not value["topology_key"]:
             raise SpecError(f"{path}.topology_key", "must be a non-empty string (a node label key)")
         kw["topology_key"] = value["topology_key"]
+    if value.get("gpu_memory_reserve") is not None:  # {fraction: 0.03, min: 256Mi}
+        r, rp = value["gpu_memory_reserve"], f"{path}.gpu_memory_reserve"
+        if not isinstance(r, dict) or set(r) - {"fraction", "min"}:
+            raise SpecError(rp, "must be a mapping with fraction (0 to 1) and/or min (bytes, e.g. 256Mi)")
+        if r.get("fraction") is not None:
+            kw["gpu_memory_reserve"] = _number(r["fraction"], f"{rp}.fraction", minimum=0, strict=False)
+            if kw["gpu_memory_reserve"] >= 1:
+                raise SpecError(f"{rp}.fraction", "must be below 1")
+        if r.get("min") is not None:
+            try:
+                kw["gpu_memory_reserve_min"] = parse_bytes(r["min"])
+            except (TypeError, ValueError) as e:
+                raise SpecError(f"{rp}.min", str(e)) from None
     return SimConfig(**kw)
 
 
