@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from ...contract import decode_allocation
 from ..domain.errors import APIError
 from ..domain.identity import Identity
 from ..store import tables as D
@@ -62,11 +63,10 @@ class NodesHandler(BaseHandler):
             rows = s.scalars(select(D.Workload).where(D.Workload.allocation.is_not(None))).all()
         per_gpu: dict[tuple[str, int], list[dict]] = {}
         for row in rows:
-            for p in row.allocation or []:
-                for g in p.get("gpus", []):
-                    per_gpu.setdefault((p["node"], g), []).append(
-                        {"workload": row.public_id, "kind": row.kind, "user": row.user,
-                         "fraction": p.get("fraction", 1.0)})
+            for p in decode_allocation(row.allocation):
+                for g in p.gpus:
+                    per_gpu.setdefault((p.node, g), []).append(
+                        {"workload": row.public_id, "kind": row.kind, "user": row.user, "fraction": p.fraction})
         readings = svc.gpu_readings()
         out = []
         for n in svc.settings.nodes:
