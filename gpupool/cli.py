@@ -10,7 +10,8 @@ import sys
 # module path -> the subcommands it provides (for lazy import)
 COMMAND_MODULES = {
     "gpupool.sim.cli": ("simulate",),
-    "gpupool.client.cli": ("login", "submit", "list", "describe", "logs", "output", "delete", "queues", "top", "sweep", "nodes"),
+    "gpupool.client.cli": ("login", "submit", "list", "describe", "logs", "output", "delete", "queues", "top", "sweep", "nodes",
+                           "node"),
     "gpupool.client.report": ("report",),
     "gpupool.hub_ext.cli": ("hub",),
 }

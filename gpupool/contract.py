@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 from . import protocol
 from .protocol import Env, JobDir, gpu_env, job_env, read_stop, write_stop  # noqa: F401 (re-exported)
 from .scheduler.model import KINDS, PodPlacement
-from .scheduler.reasons import IN_MOTION, Code
+from .scheduler.reasons import IN_MOTION, Cause, Code
 from .scheduler.units import format_amount, format_bytes, parse_bytes
 
 # -- statuses --------------------------------------------------------------------------------
@@ -198,11 +198,25 @@ class StopCause(str, Enum):
     """Why a workload that holds GPUs was asked to checkpoint and stop; the value is what the
     service stores. ``preempt``: the scheduler (or an idle or run-time rule) takes its GPUs and it
     is requeued; ``cancel``: its owner or an admin cancelled it; ``memory``: it used more GPU
-    memory than its share (``memory_enforcement = 'stop'``) and fails."""
+    memory than its share (``memory_enforcement = 'stop'``) and fails; ``drain``: its node is
+    drained (it checkpoints and is requeued, a workspace is suspended); ``node-failure``: its node
+    failed (stopped at once, requeued from its last checkpoint). The last two are the core's
+    ``Cause`` values of the same name."""
 
     PREEMPT = "preempt"
     CANCEL = "cancel"
     MEMORY = "memory"
+    DRAIN = Cause.DRAIN.value
+    NODE_FAILURE = Cause.NODE_FAILURE.value
 
     def __str__(self) -> str:
         return self.value
+
+
+# -- nodes taken out of service and back (``POST nodes/{name}/drain|fail|return``, GET nodes) ----
+NODE_ACTIONS = ("drain", "fail", "return")
+# a node's ``state``: in service; drained with workloads still leaving it, or empty; failed
+NODE_UP, NODE_DRAINING, NODE_DRAINED, NODE_FAILED = "up", "draining", "drained", "failed"
+NODE_STATES = (NODE_UP, NODE_DRAINING, NODE_DRAINED, NODE_FAILED)
+
+__all__ += ["NODE_ACTIONS", "NODE_UP", "NODE_DRAINING", "NODE_DRAINED", "NODE_FAILED", "NODE_STATES"]

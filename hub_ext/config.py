@@ -28,10 +28,10 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union
 from traitlets.config import Config, Configurable
 
 from ..backends import nvml as nvml_mod
-from ..scheduler.fairshare import QueueTree
 from ..scheduler.model import NodeSpec, QueueSpec
 from ..scheduler.placement import POLICIES
 from ..scheduler.spec import SpecError, parse_nodes, parse_queues
+from .config_checks import knob_errors, over_commit_warnings
 from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
 from .web.scopes import role_errors
 
@@ -124,6 +124,22 @@ class GPUPool(Configurable):
 
     placement = Enum(
         list(POLICIES), default_value="default", help="Placement policy of the scheduler."
+    ).tag(config=True)
+
+    gpu_memory_reserve = Float(
+        0.03,
+        help="""Fraction of each GPU's memory the driver keeps for itself (CUDA context, ECC): a
+        memory-sized request (``gpu_memory``) is placed against what is left, the memory less
+        ``max(gpu_memory_reserve x memory, gpu_memory_reserve_min)``, so that shares that add up to
+        the card's size never fail with out-of-memory. 0 (with ``gpu_memory_reserve_min = 0``):
+        the whole memory. Between 0 and 1.""",
+    ).tag(config=True)
+
+    gpu_memory_reserve_min = Union(
+        [Integer(), Unicode()],
+        default_value="256Mi",
+        help="""The least GPU memory kept back per GPU (see ``gpu_memory_reserve``): bytes or a
+        quantity such as ``256Mi`` or ``1Gi``.""",
     ).tag(config=True)
 
     job_root = Unicode(
@@ -360,24 +376,6 @@ def _roles(value: Any) -> list:
     return list(get_value([]) if get_value is not None else value or [])
 
 
-def _overcommitted(queues: list[QueueSpec], nodes: list[NodeSpec]) -> list[str]:
-    """Warnings: queues that deserve more GPUs than there are (their quotas cannot all be met at once)."""
-    out = []
-    pool = sum(n.gpus for n in nodes)
-    children = QueueTree(queues).children
-    top = sum(q.deserved.get("gpu", 0) for q in children.get(None, []))
-    if top > pool:
-        out.append(f"c.GPUPool.queues: the top-level queues deserve {top:g} GPUs but the pool has {pool:g} "
-                   "(over-committed: when every queue wants its share, some get less than they deserve)")
-    for q in queues:
-        kids = children.get(q.name, [])
-        want = sum(k.deserved.get("gpu", 0) for k in kids)
-        if kids and want > q.deserved.get("gpu", 0):
-            out.append(f"c.GPUPool.queues: the children of {q.name!r} deserve {want:g} GPUs but {q.name!r} "
-                       f"deserves {q.deserved.get('gpu', 0):g} (over-committed)")
-    return out
-
-
 def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -> tuple[Settings | None, list[str]]:
     errors: list[str] = []
     pool = _pool(config, errors)
@@ -429,27 +427,7 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
             errors.append(str(e))
     if pool.default_queue and access and pool.default_queue not in access:
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
-    if pool.max_pods < 1:
-        errors.append("c.GPUPool.max_pods: must be >= 1")
-    for knob in ("cycle_seconds", "cycle_timeout"):
-        if getattr(pool, knob) <= 0:
-            errors.append(f"c.GPUPool.{knob}: must be > 0")
-    for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
-                 "workspace_release_grace", "gang_restarts", "usage_sample_seconds", "usage_raw_retention",
-                 "usage_rollup_retention"):
-        if getattr(pool, knob) < 0:
-            errors.append(f"c.GPUPool.{knob}: must be >= 0")
-    if pool.usage_rollup_seconds <= 0:
-        errors.append("c.GPUPool.usage_rollup_seconds: must be > 0")
-    if "{" in pool.work_dir:
-        try:
-            pool.work_dir.format(home="/h", user="u")
-        except (KeyError, IndexError, ValueError) as e:
-            errors.append(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}")
-    if pool.idle_window_seconds <= 0:
-        errors.append("c.GPUPool.idle_window_seconds: must be > 0")
-    if pool.max_runtime_warning < 0:
-        errors.append("c.GPUPool.max_runtime_warning: must be >= 0")
+    errors += knob_errors(pool)
     if isinstance(config, Config) and "JupyterHub" in config and "load_roles" in config.JupyterHub:
         errors += role_errors(_roles(config.JupyterHub.load_roles))
     if errors:
@@ -459,7 +437,7 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
         max_runtime = resolve_limits(pool.max_runtime, queues)
     except RuleError as e:
         return None, [str(e)]
-    warnings = _overcommitted(queues, nodes) if nodes_ok else []
+    warnings = over_commit_warnings(queues, nodes if nodes_ok else None)
     return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids, warnings=warnings,
                     idle_rules=idle_rules, max_runtime=max_runtime), []
 

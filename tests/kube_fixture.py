@@ -24,7 +24,8 @@ With ``KubeCluster(run_jobs=True)`` the kubelet really runs the command of gpupo
 directory (the job paths are the same on this machine), its output as the pod's log; deleting
 the pod sends SIGTERM to its main process and, when the grace period is over, SIGKILL to every
 process of the "container" (found by a marker in their environment), as a kubelet does; when
-the main process ends, what is left of the container is killed too.
+the main process ends, what is left of the container is killed too, and so is the container of a
+pod deleted with grace 0 (gone from the API at once).
 
 The fake kubelet binds pods to the node named by their required node affinity (``matchFields
 metadata.name`` or ``kubernetes.io/hostname``), ``nodeSelector`` or ``spec.nodeName`` (else to the
@@ -47,6 +48,7 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import uuid
 from typing import Any, Callable
@@ -469,6 +471,10 @@ async def fake_kubelet(api: FakeKube, interval: float = 0.05) -> None:
             nodes = {name: obj.raw for (res, _, name), obj in api._objects.items() if res == NODES and not obj.deleted}
             pods = [(ns, name, obj.raw) for (res, ns, name), obj in api._objects.items()
                     if res == PODS and not obj.deleted]
+            # a pod removed from the API at once (deleted with grace 0): the kubelet kills its container
+            live = {(ns, name, pod["metadata"].get("uid")) for ns, name, pod in pods}
+            for pkey in [k for k in api.procs if k not in live]:
+                _kill_container(api.procs.pop(pkey))
             for ns, name, pod in pods:
                 meta, status = pod["metadata"], pod.get("status", {})
                 phase = status.get("phase", "Pending")
@@ -760,6 +766,20 @@ class KubeCluster:
     @property
     def deletions(self) -> list[dict]:
         return list(self.api.deletions)
+
+
+def service_config(cluster: "KubeCluster", tmp: Any, user: str) -> str:
+    """The ``extra_config`` of a test hub (tests/hub_harness.py) whose gpupool service runs jobs as
+    pods on ``cluster`` (namespace ``jobs``, the real Python in the pods, ``user``'s home under
+    ``tmp/home`` mounted in them): a ``GPUPoolKubernetes`` file the service is pointed at."""
+    kube_cfg = tmp / "kube.json"
+    kube_cfg.write_text(json.dumps({"GPUPoolKubernetes": {
+        "api_host": cluster.url, "namespace": "jobs", "image": "lab/notebook:1", "python": sys.executable,
+        "home_claim": "claim-{username}", "home_mount": str(tmp / "home" / user), "jobs_claim": "gpupool-jobs",
+        "image_from_workspace": False}}))
+    return ("for _s in c.JupyterHub.services:\n"
+            "    if _s['name'] == 'gpupool':\n"
+            f"        _s['environment']['GPUPOOL_KUBE_CONFIG'] = {str(kube_cfg)!r}\n")
 
 
 @pytest.fixture

@@ -143,6 +143,9 @@ def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, 
     assert c.ConfigurableHTTPProxy.api_url == "http://lab-gpupool-proxy-api:8001"
     assert c.JupyterHub.hub_connect_ip == "lab-gpupool-hub"
     assert c.GPUPool.api_url == "http://lab-gpupool-hub.jhub.svc:10101/services/gpupool/api/v1/"
+    assert (c.GPUPool.gpu_memory_reserve, c.GPUPool.gpu_memory_reserve_min) == (0.03, "256Mi")  # the defaults
+    from gpupool.hub_ext.config import check
+    assert check(c, discover=False)[0] == []  # the service takes these settings
     svc = next(s for s in c.JupyterHub.services if s["name"] == "gpupool")
     assert svc["url"] == "http://10.1.2.3:10101"  # the proxy pod reaches the service at the hub pod's IP
     assert svc["environment"]["GPUPOOL_KUBE_CONFIG"] == str(tmp_path / "kube.json")
@@ -217,6 +220,8 @@ def test_z2jh_values_render_ingress_and_proxy_tls(chart):
     ({"gpupool": {"queues": [{"deserved": {"gpu": 1}}]}}, "name"),
     ({"gpupool": {"queue": []}}, "queue"),
     ({"gpupool": {"preemptionGrace": -1}}, "preemptionGrace"),
+    ({"gpupool": {"gpuMemoryReserve": 1}}, "gpuMemoryReserve"),
+    ({"gpupool": {"gpuMemoryReserveMin": "lots"}}, "gpuMemoryReserveMin"),
     ({"gpupool": {"inventory": {"discovery": "nvml"}}}, "discovery"),
     ({"gpupool": {"inventory": {"discovery": "declared"}}}, "nodes"),
     ({"proxy": {"service": {"type": "Ingress"}}}, "type"),

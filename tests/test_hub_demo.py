@@ -342,15 +342,26 @@ def test_config_check_prints_one_line_per_problem_and_runs_before_start(tmp_path
                          text=True, cwd=tmp_path, timeout=60)
     assert res.returncode == 1 and "no such setting" in res.stderr and "not starting JupyterHub" in res.stderr
     assert "Traceback" not in res.stderr and sorted(p.name for p in tmp_path.iterdir()) == [cfg.name]
-    # over-committed quotas are a warning; a file that never calls configure(c) is an error
-    cfg.write_text(BAD_CONFIG.replace('"gpu": -1', '"gpu": 7').replace("c.GPUPool.preemtion_grace = 3\n", "")
-                   .replace("c.GPUPool.kill_after = -2\n", ""))
-    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert res.stderr.splitlines() == [
-        "gpupool hub: warning: c.GPUPool.queues: the top-level queues deserve 9 GPUs but the pool has 8 "
-        "(over-committed: when every queue wants its share, some get less than they deserve)"]
-    assert res.stdout.strip() == f"gpupool hub: {cfg.name}: the gpupool settings are fine"
+    # over-committed quotas are a warning (the hub starts); a file that never calls configure(c) is an error
+    tail = ("(over-committed: when every queue wants its share, the guarantees shrink in proportion and some get less "
+            "than they deserve; the hub starts)")
+
+    def warnings_of(queues: str) -> list[str]:
+        cfg.write_text(BAD_CONFIG.replace('{"name": "a", "deserved": {"gpu": 2}}, {"name": "b", "deserved": {"gpu": -1}}',
+                                          queues).replace("c.GPUPool.preemtion_grace = 3\n", "")
+                       .replace("c.GPUPool.kill_after = -2\n", ""))
+        res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True,
+                             cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == f"gpupool hub: {cfg.name}: the gpupool settings are fine"
+        return res.stderr.splitlines()
+
+    assert warnings_of('{"name": "a", "deserved": {"gpu": 2}}, {"name": "b", "deserved": {"gpu": 7}}') == [
+        f"gpupool hub: warning: c.GPUPool.queues: the top-level queues deserve 9 GPUs but there are 8 {tail}"]
+    # so are projects of a department that deserve more than the department (their guarantees shrink)
+    assert warnings_of('{"name": "d", "deserved": {"gpu": 4}}, {"name": "p", "parent": "d", "deserved": {"gpu": 3}}, '
+                       '{"name": "q", "parent": "d", "deserved": {"gpu": 3}}') == [
+        f"gpupool hub: warning: c.GPUPool.queues: the children of 'd' deserve 6 GPUs in all, more than its 4 {tail}"]
     cfg.write_text("c = get_config()  # noqa\nc.JupyterHub.port = 8000\n")
     res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--check"], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 1 and "does not call configure(c)" in res.stderr

@@ -462,20 +462,12 @@ def kube_hub(tmp_path_factory):
     import shutil
 
     from hub_harness import Hub
-    from kube_fixture import KubeCluster
+    from kube_fixture import KubeCluster, service_config
 
     tmp = tmp_path_factory.mktemp("kubejobs")
     with KubeCluster(run_jobs=True) as cluster:
         cluster.add_node("box", 2, product="NVIDIA-L4", memory_mib=16384, labels={"topology.gpupool.io/rack": "r1"})
-        kube_cfg = tmp / "kube.json"
-        home = tmp / "home" / "bob"
-        kube_cfg.write_text(json.dumps({"GPUPoolKubernetes": {
-            "api_host": cluster.url, "namespace": "jobs", "image": "lab/notebook:1", "python": sys.executable,
-            "home_claim": "claim-{username}", "home_mount": str(home), "jobs_claim": "gpupool-jobs",
-            "image_from_workspace": False}}))
-        extra = ("for _s in c.JupyterHub.services:\n"
-                 "    if _s['name'] == 'gpupool':\n"
-                 f"        _s['environment']['GPUPOOL_KUBE_CONFIG'] = {str(kube_cfg)!r}\n")
+        extra = service_config(cluster, tmp, "bob")
         queues = [{"name": "vision", "deserved": {"gpu": 1}, "users": ["alice"]},
                   {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]}]
         hub = Hub(tmp, gpupool={"queues": queues, "nodes": [], "preemption_grace": 10,

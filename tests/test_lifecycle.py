@@ -27,7 +27,10 @@ def job(status: str = C.QUEUED, **kw) -> SimpleNamespace:
 
 
 def test_stop_causes_keep_their_stored_values():
-    assert [c.value for c in StopCause] == ["preempt", "cancel", "memory"]
+    assert [c.value for c in StopCause] == ["preempt", "cancel", "memory", "drain", "node-failure"]
+    # the node causes are the core's preemption causes of the same name (the simulator's events say them too)
+    from gpupool.scheduler.reasons import Cause
+    assert (StopCause.DRAIN.value, StopCause.NODE_FAILURE.value) == (Cause.DRAIN.value, Cause.NODE_FAILURE.value)
     assert StopCause("cancel") is StopCause.CANCEL and StopCause.CANCEL == "cancel" and str(StopCause.MEMORY) == "memory"
 
 
@@ -55,6 +58,35 @@ def test_preemption_requeues_and_a_cancel_pending_ends_cancelled():
     L.request_stop(row, StopCause.PREEMPT, "reclaim", 5.0, grace=0)
     assert L.released(row, RunState(EXITED, 0, ""), 6.0, 3) == C.QUEUED and row.preemptions == 1
     assert row.reason == "requeued after preemption (reclaim); it resumes from its checkpoint"
+
+
+def test_a_drained_job_checkpoints_then_is_requeued_and_a_failed_node_requeues_at_once():
+    row = job(C.RUNNING, allocation=ALLOC, handle={"pid": 1}, last_checkpoint_at=3.0)
+    assert L.request_stop(row, StopCause.DRAIN, "its node box is being drained (by alice)", 5.0, grace=30)
+    assert row.status == C.PREEMPTING and row.stop_cause == "drain"
+    assert row.reason == "its node box is being drained (by alice); it has 30 s to save a checkpoint, then it is requeued"
+    assert L.released(row, RunState(EXITED, 0, ""), 9.0, 3) == C.QUEUED and row.preemptions == 1
+    assert row.reason == "requeued: its node box is being drained (by alice); it resumes from its checkpoint"
+    assert row._gpupool_end_reason == "drain" and row.allocation is None and row.stop_cause is None
+    # a workspace on a drained node is suspended at the end of its grace (runtime/nodes.py)
+    ws = job(C.RUNNING, type=C.WORKSPACE, allocation=ALLOC)
+    L.request_stop(ws, StopCause.DRAIN, "its node box is being drained", 5.0, grace=30)
+    assert ws.reason.endswith("then it is suspended")
+    # a failure: at once, from whatever it was doing; it lost its grace, it keeps its checkpoint
+    for status, cause in ((C.RUNNING, None), (C.PREEMPTING, "preempt"), (C.PREEMPTING, "drain"), (C.STARTING, None)):
+        row = job(status, allocation=ALLOC, handle={"pid": 1}, stop_cause=cause, stop_reason=cause and "x",
+                  last_checkpoint_at=None if status == C.STARTING else 2.0)
+        assert L.node_failed(row, "its node box failed (NVML no longer lists GPU 0)", 7.0) == C.QUEUED
+        words = "restarts from the beginning (it saved no checkpoint)" if status == C.STARTING else \
+            "resumes from its checkpoint"
+        assert row.reason == f"requeued: its node box failed (NVML no longer lists GPU 0); it {words}"
+        assert row.allocation is None and row.handle is None and row.preemptions == 1
+        assert row._gpupool_end_reason == "node-failure" and row.finished_at is None
+    # one being cancelled ends cancelled, one stopped for its memory fails
+    row = job(C.CANCELLED, allocation=ALLOC, stop_cause="cancel", stop_reason="cancelled by alice")
+    assert L.node_failed(row, "its node box failed", 7.0) == C.CANCELLED and row.reason == "cancelled by alice"
+    row = job(C.RUNNING, allocation=ALLOC, stop_cause="memory", stop_reason="failed: too much memory")
+    assert L.node_failed(row, "its node box failed", 7.0) == C.FAILED and row.finished_at == 7.0
 
 
 def test_a_failed_run_says_the_telling_line_of_its_log_and_a_lost_gang_restarts():

@@ -189,5 +189,11 @@ class JobBackend(abc.ABC):
         """Process ids of the run on this machine (for NVML memory accounting); empty if unknown."""
         return set()
 
+    async def node_conditions(self) -> dict[str, tuple[str, str]]:
+        """Nodes this backend finds out of service by itself, asked every cycle: node ->
+        (``"fail"`` or ``"drain"``, why in words). A node no longer named is back in service (unless
+        an admin holds it out). Default: none."""
+        return {}
+
     async def close(self) -> None:
         """Release backend resources at service shutdown (runs keep going)."""

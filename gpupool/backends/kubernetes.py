@@ -388,11 +388,11 @@ def build_inventory(nodes: list[dict], pods: list[dict], settings: GPUPoolKubern
             continue
         used = foreign_gpu.get(name, 0)
         gpus = max(0, total - used)
-        why = ""
-        if (node.get("spec") or {}).get("unschedulable"):
-            why = "cordoned"
-        elif not node_ready(node):
+        why = ""  # NotReady first: a failed node that is also cordoned has failed (service/nodes: fail over drain)
+        if not node_ready(node):
             why = "NotReady"
+        elif (node.get("spec") or {}).get("unschedulable"):
+            why = "cordoned"
         if s.zone_label and s.zone_label in labels:
             labels["zone"] = labels[s.zone_label]
         if s.rack_label and s.rack_label in labels:
@@ -604,6 +604,13 @@ class KubeJobBackend(JobBackend):
     def why_unschedulable(self) -> dict[str, str] | None:
         """node -> why nothing new goes there ("cordoned", "NotReady"), for the service's /nodes."""
         return dict(self.inventory.snapshot().why_unschedulable) if self.inventory else None
+
+    async def node_conditions(self) -> dict[str, tuple[str, str]]:
+        """A node that is NotReady has failed (its job pods are deleted at once and their jobs
+        requeued from their last checkpoint); a cordoned one is drained (its jobs checkpoint within
+        the grace period). Uncordoned or Ready again: back in service."""
+        why = self.why_unschedulable() or {}
+        return {node: ("fail" if w == "NotReady" else "drain", f"{w} in Kubernetes") for node, w in why.items()}
 
     def _node_info(self, node: str) -> tuple[list[str] | None, int]:
         if self.inventory is not None:

@@ -92,6 +92,7 @@ class LocalBackend(JobBackend):
         self._procs: dict[str, subprocess.Popen] = {}  # worker run id -> our child (for reaping)
         self._causes: dict[str, int] = {}  # gang run id -> the rank whose failure stops it
         self._stopping: dict[str, float] = {}  # gang run id -> when its workers were first told to stop
+        self._unlisted: dict[str, set[str]] = {}  # node -> GPU UUIDs the last NVML reading did not list
 
     def _env(self, spec: JobSpec, home: str) -> dict[str, str]:
         env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
@@ -264,6 +265,32 @@ class LocalBackend(JobBackend):
 
     def pids(self, handle: dict) -> set[int]:
         return {pid for h in _workers(handle) for pid in run_pids(h["run_id"])}
+
+    async def node_conditions(self) -> dict[str, tuple[str, str]]:
+        """A GPU found through NVML at start (``settings.gpu_uuids``) that NVML no longer lists
+        (fallen off the bus, its driver gone) fails its node: CUDA numbers the GPUs left afresh, so
+        no run there keeps the GPU it was given. It must be missing from two readings in a row (one
+        failed reading is not a failure); the node is back once NVML lists all its GPUs again."""
+        expected = getattr(self.settings, "gpu_uuids", None) or {}
+        if not expected:
+            return {}
+        listed = await asyncio.get_running_loop().run_in_executor(None, self._listed_uuids)
+        out: dict[str, tuple[str, str]] = {}
+        for node, uuids in expected.items():
+            gone = {u for u in uuids if u not in listed}
+            twice = sorted(gone & self._unlisted.get(node, set()), key=uuids.index)
+            self._unlisted[node] = gone
+            if twice:
+                named = ", ".join(f"GPU {uuids.index(u)} ({u})" for u in twice)
+                out[node] = ("fail", f"NVML no longer lists {named}")
+        return out
+
+    def _listed_uuids(self) -> set[str]:
+        from . import nvml
+
+        pool = getattr(self.settings, "pool", None)
+        reader = nvml.Reader(nvml.load_module(getattr(pool, "nvml_module", "") or ""))
+        return {g["uuid"] for g in reader.gpus()}
 
     async def close(self) -> None:
         self._procs.clear()  # runs keep going; a restarted service adopts them

@@ -205,6 +205,12 @@ class Client:
     def nodes(self) -> list[dict]:
         return self.get("nodes")["nodes"]
 
+    def node_action(self, name: str, action: str, reason: str | None = None) -> dict:
+        """``drain``, ``fail`` or ``return`` a node (admin): the node afterwards, with ``workloads``,
+        the ones this stopped or asked to stop."""
+        body = {"reason": reason} if reason else None
+        return self.request("POST", f"nodes/{quote(name, safe='')}/{quote(action, safe='')}", json_body=body)
+
     def workspaces(self) -> list[dict]:
         return self.get("workspaces")["workspaces"]
 

@@ -1,4 +1,5 @@
-"""``gpupool login | submit | list | describe | logs | output | delete | queues | nodes | top | sweep`` (docs/cli.md).
+"""``gpupool login | submit | list | describe | logs | output | delete | queues | nodes | node | top | sweep``
+(docs/cli.md).
 
 Tables are plain aligned text for people; ``--json`` prints the service's objects for scripts.
 Exit codes: 0 ok, 1 the service refused or failed (its message is printed), 2 usage error,
@@ -15,7 +16,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
-from ..contract import ACTIVE, JOB_KINDS, STATUSES, SUCCEEDED, format_bytes, parse_bytes
+from ..contract import ACTIVE, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED, format_bytes, parse_bytes
 from .jobs import Job, build_body, metrics_of, post_job, request_text, status_line
 
 
@@ -351,9 +352,36 @@ def cmd_nodes(args) -> int:
         gpus = n.get("gpus") or []
         alloc = sum(float(g.get("allocated") or 0) for g in gpus)
         rows.append((n.get("name"), n.get("gpu_model") or "-", len(gpus), _num(alloc), _num(len(gpus) - alloc),
-                     _bytes(n.get("gpu_memory")), "yes" if n.get("schedulable", True) else "no"))
-    print(table(["NODE", "MODEL", "GPUS", "ALLOCATED", "FREE", "GPU-MEMORY", "SCHEDULABLE"], rows)
+                     _bytes(n.get("gpu_memory")), "yes" if n.get("schedulable", True) else "no",
+                     _node_state(n)))
+    print(table(["NODE", "MODEL", "GPUS", "ALLOCATED", "FREE", "GPU-MEMORY", "SCHEDULABLE", "STATE"], rows)
           if rows else "no nodes registered")
+    return 0
+
+
+def _node_state(n: dict) -> str:
+    """``up``, ``draining (by alice: kernel update)``, ``failed (NotReady in Kubernetes)``."""
+    state = n.get("state") or "up"
+    why = n.get("state_reason") or (n.get("unschedulable_reason") if not n.get("schedulable", True) else None)
+    return f"{state} ({why})" if why else state
+
+
+NODE_DONE = {"drain": "asked to checkpoint and leave it", "fail": "stopped and requeued (or suspended)",
+             "return": ""}
+
+
+def cmd_node(args) -> int:
+    """``gpupool node drain|fail|return NAME``: take a node out of service and back (admins)."""
+    node = _client(args).node_action(args.name, args.action, args.reason)
+    if args.json:
+        _print_json(node)
+        return 0
+    print(f"node {node.get('name')}: {_node_state(node)}")
+    moved = node.get("workloads") or []
+    if moved and NODE_DONE.get(args.action):
+        print(f"{NODE_DONE[args.action]}: {', '.join(moved)}")
+    elif node.get("state") == "draining":
+        print("its workloads are leaving it (gpupool nodes shows 'drained' once it is empty)")
     return 0
 
 
@@ -620,7 +648,13 @@ def register(subparsers) -> None:
     p.add_argument("jobs", nargs="+", metavar="JOB", help="job ids")
 
     add("queues", cmd_queues, "queues with deserved quota, fair share, allocation and pending jobs")
-    add("nodes", cmd_nodes, "nodes and their GPUs")
+    add("nodes", cmd_nodes, "nodes and their GPUs, and whether each is in service")
+
+    p = add("node", cmd_node, "take a node out of service and back (admins): drain (its workloads checkpoint and "
+                              "leave), fail (they stop at once and are requeued) or return")
+    p.add_argument("action", choices=NODE_ACTIONS, help="drain, fail or return")
+    p.add_argument("name", help="the node's name (gpupool nodes lists them)")
+    p.add_argument("--reason", help="why, in words (shown in gpupool nodes and in the stopped workloads' reasons)")
 
     p = add("top", cmd_top, "GPU map: every node's GPUs with their fractional allocations")
     p.add_argument("-w", "--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",

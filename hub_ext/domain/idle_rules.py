@@ -177,6 +177,21 @@ def start_options(row: Any) -> dict:
     return opts
 
 
+def suspend(s: Any, row: Any, why: str, now: float) -> Any:
+    """Suspend a workspace holding GPUs (an idle rule, its maximum run time, its node drained or
+    failed): its GPUs go back at once, its row ends cancelled (the spawner then stops the server)
+    and a suspension record keeps what it asked for, so that it can be resumed. Returns the record."""
+    gpu_words = "GPU" if row.gpus == 1 else "GPUs"
+    sus = D.Suspension(user=row.user, server=row.server, workload=row.public_id, options=start_options(row),
+                       reason="", suspended_at=now)
+    s.add(sus)
+    s.flush()
+    sus.reason = (f"suspended: {why}; its {gpu_words} went back to the pool and its files are kept. Resume it "
+                  f"with the same options: start the server again, or POST suspensions/{sus.id}/resume")
+    lifecycle.workspace_ended(row, sus.reason, now, suspended=True)
+    return sus
+
+
 def on_workspace_request(s: Any, row: Any, now: float) -> None:
     """A new request for a server that was suspended: say so in its first reason, and close the
     suspension (the user resumed it by starting the server)."""

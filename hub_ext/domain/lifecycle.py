@@ -11,6 +11,8 @@ Statuses (gpupool/contract.py) and the moves between them::
 
     starting ──start failed──> failed;  starting | running ──vanished / a gang's worker lost──> queued
     a workspace: running ──suspended / its server gone──> cancelled
+    its node drained: as stop(preempt), cause drain;  its node failed: starting | running |
+    preempting ──node_failed──> queued at once (a workspace: suspended, cancelled)
 
 Anything else raises :class:`IllegalTransition` (a bug in the caller, never a user's mistake).
 Why a workload holding GPUs is asked to stop is a :class:`gpupool.contract.StopCause`; the row
@@ -26,10 +28,10 @@ from typing import Any, Callable
 
 from sqlalchemy import update
 
-from ...backends.base import EXITED, LOST
+from ...backends.base import EXITED, LOST, RunState
 from ...contract import StopCause, describe_allocation
 from ..store import tables as D
-from ..store.ledger import SUSPENDED
+from ..store.ledger import DRAINED, NODE_FAILURE, SUSPENDED
 
 SUBMITTED = "submitted; waiting for the scheduler's next cycle"
 REQUESTED = "requested; waiting for the scheduler's next cycle"
@@ -140,8 +142,9 @@ def request_stop(row: Any, cause: StopCause | str, reason: str, now: float, grac
     row.stop_cause, row.stop_reason = cause.value, reason
     if first:
         row.stop_requested_at = now
-    if cause is StopCause.PREEMPT:
-        _move(row, D.PREEMPTING, f"{reason}; it has {grace:g} s to save a checkpoint, then it is requeued")
+    if cause is StopCause.PREEMPT or cause is StopCause.DRAIN:
+        then = "suspended" if cause is StopCause.DRAIN and row.type == D.WORKSPACE else "requeued"
+        _move(row, D.PREEMPTING, f"{reason}; it has {grace:g} s to save a checkpoint, then it is {then}")
     elif cause is StopCause.CANCEL:
         _move(row, D.CANCELLED, f"{reason}; stopping (it has {grace:g} s to save a checkpoint)")
     else:
@@ -168,6 +171,11 @@ def released(row: Any, state: Any, now: float, gang_restarts: int,
         row.preemptions += 1
         _move(row, D.QUEUED, f"requeued after preemption ({why}); it {_resume_words(row)}")
         return row.status
+    if cause in (StopCause.DRAIN, StopCause.NODE_FAILURE):
+        row.preemptions += 1
+        row._gpupool_end_reason = DRAINED if cause == StopCause.DRAIN else NODE_FAILURE
+        _move(row, D.QUEUED, f"requeued: {why}; it {_resume_words(row)}")
+        return row.status
     if cause is None and state.state == LOST and (row.pods or 1) > 1 and row.restarts < gang_restarts:
         # a worker of a gang died (killed, its node failed): the whole gang starts again
         row.restarts += 1
@@ -193,6 +201,17 @@ def released(row: Any, state: Any, now: float, gang_restarts: int,
     else:
         _move(row, D.FAILED, f"failed: {state.detail}")
     return row.status
+
+
+def node_failed(row: Any, why: str, now: float) -> str:
+    """A job's node failed (``why``: "node box failed: ..."): its GPUs are free at once, without
+    waiting for its run (the caller has killed what is left of it), and it is requeued from its
+    latest checkpoint, whatever stop it was asked for before (a preemption or a drain: it lost
+    its grace). A job being cancelled ends cancelled, one stopped for its memory fails. Returns
+    the new status."""
+    if row.stop_cause in (None, StopCause.PREEMPT, StopCause.DRAIN):
+        row.stop_cause, row.stop_reason = StopCause.NODE_FAILURE.value, why
+    return released(row, RunState(LOST, None, why), now, gang_restarts=0)
 
 
 def workspace_released(row: Any) -> None:

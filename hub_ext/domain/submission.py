@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import time
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from sqlalchemy import select
 
 from ... import contract as C
 from ...scheduler.spec import WORKLOAD_FIELDS, SpecError, parse_workload
+from ...scheduler.units import parse_bytes
 from ..store import tables as D
 from ..store.inserter import Refused
 from . import lifecycle
@@ -60,7 +62,12 @@ class Submissions:
 
     @property
     def max_gpu_memory(self) -> int:
-        return max((n.gpu_memory for n in self.settings.nodes if n.gpus), default=0)
+        """The most GPU memory one request can have: a GPU's memory less what the driver keeps
+        (``c.GPUPool.gpu_memory_reserve``, at least ``gpu_memory_reserve_min``), as the core sizes it."""
+        pool = self.settings.pool
+        keep_min = parse_bytes(pool.gpu_memory_reserve_min)
+        return max((n.gpu_memory - max(math.ceil(n.gpu_memory * pool.gpu_memory_reserve), keep_min)
+                    for n in self.settings.nodes if n.gpus and n.gpu_memory), default=0)
 
     def workdir(self, user: str) -> str:
         return user_workdir(self.settings.pool.work_dir, user)
@@ -93,7 +100,8 @@ class Submissions:
                 raise APIError(400, "gpu_memory: the pool has no GPUs", "gpu_memory")
             if self.max_gpu_memory and w.gpu_memory > self.max_gpu_memory:
                 raise APIError(400, f"gpu_memory: no GPU has {C.format_bytes(w.gpu_memory)} "
-                                    f"(the largest has {C.format_bytes(self.max_gpu_memory)})", "gpu_memory")
+                                    f"(the largest has {C.format_bytes(self.max_gpu_memory)} once the driver's "
+                                    "reserve is kept: c.GPUPool.gpu_memory_reserve)", "gpu_memory")
         return w
 
     # ------------------------------------------------------------------ jobs

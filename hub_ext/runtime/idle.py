@@ -13,7 +13,7 @@ from sqlalchemy import select
 from ...contract import StopCause, decode_allocation
 from ...protocol import write_warning
 from ..domain import lifecycle
-from ..domain.idle_rules import REQUEUE, SUSPEND, Rule, clock_words, human, start_options, workload_class
+from ..domain.idle_rules import REQUEUE, SUSPEND, Rule, clock_words, human, suspend, workload_class
 from ..store import samples
 from ..store import tables as D
 from .periodic import Periodic
@@ -119,15 +119,9 @@ class IdleChecker(Periodic):
     async def act(self, s: Any, row: Any, rule: Rule, now: float, why: str, cause: str = "idle") -> bool:
         gpu_words = "GPU" if row.gpus == 1 else "GPUs"
         if rule.action == SUSPEND:
-            sus = D.Suspension(user=row.user, server=row.server, workload=row.public_id, options=start_options(row),
-                               reason="", suspended_at=now)
-            s.add(sus)
-            s.flush()
-            where = f"{row.user}/{row.server}"
-            sus.reason = (f"suspended: {why}; its {gpu_words} went back to the pool and its files are kept. Resume it "
-                          f"with the same options: start the server again, or POST suspensions/{sus.id}/resume")
-            lifecycle.workspace_ended(row, sus.reason, now, suspended=True)
-            log.warning("suspended workspace %s (%s, %g %s): %s", row.public_id, where, row.gpus, gpu_words, why)
+            suspend(s, row, why, now)
+            log.warning("suspended workspace %s (%s/%s, %g %s): %s", row.public_id, row.user, row.server, row.gpus,
+                        gpu_words, why)
             self._count("suspended", row)
             return True
         if rule.action == REQUEUE:

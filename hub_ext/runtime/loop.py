@@ -40,6 +40,7 @@ from ...contract import StopCause, encode_allocation, format_gpus
 from ...protocol import JobDir, latest_mtime, read_latest
 from ...scheduler.model import CycleResult, SchedulerConfig
 from ...scheduler.reasons import Pending
+from ...scheduler.units import parse_bytes
 from ..domain import lifecycle, tokens
 from ..store import ledger
 from ..store import tables as D
@@ -47,6 +48,7 @@ from . import jobfiles
 from .cycle_worker import Decider, QueueView, WorkerConfig
 from .jobspec import JobSpecs
 from .memory import MemoryEnforcer, fractional
+from .nodes import NodeStates, workspace_grace_over
 
 log = logging.getLogger("gpupool.loop")
 
@@ -99,14 +101,15 @@ class SchedulerLoop:
         self._live_nodes = callable(getattr(backend, "nodes", None))
         # reading the database, the snapshot, Scheduler.schedule and the pending reasons: in a
         # worker process (c.GPUPool.cycle_in_process) or a thread, never on the event loop
-        self.decider = Decider(WorkerConfig(db_url=self.pool.db_url, queues=list(settings.queues),
-                                            scheduler=SchedulerConfig(min_runtime=self.pool.min_runtime,
-                                                                      preemption_grace=self.pool.preemption_grace,
-                                                                      placement=self.pool.placement),
+        core = SchedulerConfig(min_runtime=self.pool.min_runtime, preemption_grace=self.pool.preemption_grace,
+                               placement=self.pool.placement, gpu_memory_reserve=self.pool.gpu_memory_reserve,
+                               gpu_memory_reserve_min=parse_bytes(self.pool.gpu_memory_reserve_min))
+        self.decider = Decider(WorkerConfig(db_url=self.pool.db_url, queues=list(settings.queues), scheduler=core,
                                             live_nodes=self._live_nodes),
                                sessions, self.pool.cycle_in_process, timeout=self.pool.cycle_timeout)
         self.node_reasons: dict[str, str] = {}  # node -> why it is not schedulable (live inventory)
         self._inventory_task: asyncio.Task | None = None
+        self.node_states = NodeStates(sessions, backend, metrics)  # nodes drained or failed (runtime/nodes.py)
 
     # what runs are told (runtime/jobspec.py)
     @property
@@ -139,6 +142,7 @@ class SchedulerLoop:
                 self._inventory_task = asyncio.create_task(self._wake_on_inventory(changed),
                                                            name="gpupool-inventory-wake")
         self.decider.start()
+        self.node_states.load()
         await self.recover()
         self._task = asyncio.create_task(self._run())
 
@@ -249,7 +253,9 @@ class SchedulerLoop:
         t0 = time.perf_counter()
         now = time.time()
         self.refresh_nodes()
+        await self.node_states.detect()
         with self.sessions() as s:
+            await self.node_states.act(self, s, now)  # workloads on nodes drained or failed leave them
             # the rows the reconcile step may change: jobs holding GPUs (their runs are polled) and
             # workspaces asked to stop; a workspace that just holds its GPUs needs nothing here
             rows = s.execute(select(*RECONCILE_COLUMNS).where(  # read as they are polled
@@ -258,7 +264,7 @@ class SchedulerLoop:
             await self._reconcile(s, rows, now)
             s.commit()
         t_rec = time.perf_counter()
-        decision = await self.decider.decide(now, list(self.nodes.values()), self._reservations)
+        decision = await self.decider.decide(now, self.node_states.apply(self.nodes.values()), self._reservations)
         result = decision.result
         t_dec = time.perf_counter()
         for warning in decision.warnings:
@@ -323,7 +329,7 @@ class SchedulerLoop:
                     tick = time.perf_counter()
                 if r.type == D.WORKSPACE:
                     if r.stop_requested_at is not None and now - r.stop_requested_at >= grace:
-                        lifecycle.workspace_released(s.get(D.Workload, r.id))
+                        workspace_grace_over(s, s.get(D.Workload, r.id), now)
                     continue
                 if r.handle is None:
                     continue  # being started right now (cannot happen across restarts: recover() ran)

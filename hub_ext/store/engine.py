@@ -1,4 +1,4 @@
-"""The database: an engine with every table of the service (tables.py, ledger.py, samples.py).
+"""The database: an engine with every table of the service (tables.py, ledger.py, samples.py, nodes.py).
 
 SQLAlchemy 2; SQLite by default (WAL journal, ``synchronous=NORMAL``: a committed row survives the
 service being killed at any moment). Any SQLAlchemy URL works (``c.GPUPool.db_url``).
@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
-from . import ledger, samples  # noqa: F401 (their tables are part of the schema)
+from . import ledger, nodes, samples  # noqa: F401 (their tables are part of the schema)
 from .tables import Base
 
 

@@ -39,7 +39,10 @@ REQUEUED = "requeued"        # given back for another reason and waiting again
 REPAIRED = "repaired"        # closed at start-up: the workload held nothing any more
 REPLACED = "replaced"        # the allocation changed while the workload kept running
 SUSPENDED = "suspended"      # a workspace suspended by an idle rule (runtime/idle.py)
-END_REASONS = (SUCCEEDED, FAILED, CANCELLED, PREEMPTED, LOST, STOPPED, REQUEUED, REPAIRED, REPLACED, SUSPENDED)
+DRAINED = "drain"            # its node was drained: it checkpointed and was requeued
+NODE_FAILURE = "node-failure"  # its node failed: stopped at once and requeued
+END_REASONS = (SUCCEEDED, FAILED, CANCELLED, PREEMPTED, LOST, STOPPED, REQUEUED, REPAIRED, REPLACED, SUSPENDED,
+               DRAINED, NODE_FAILURE)
 
 
 class UsageRecord(D.Base):

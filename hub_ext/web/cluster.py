@@ -1,13 +1,9 @@
-"""The pool as a whole: health, Prometheus metrics, queues, nodes; the service's root and the
-answer for any other path."""
+"""The pool as a whole: health, Prometheus metrics, queues (nodes: nodes.py); the service's root and
+the answer for any other path."""
 from __future__ import annotations
 
-from sqlalchemy import select
-
-from ...contract import decode_allocation
 from ..domain.errors import APIError
 from ..domain.identity import Identity
-from ..store import tables as D
 from . import schemas
 from .base import BaseHandler
 from .scopes import METRICS, PUBLIC, SUBMIT, needs_scope
@@ -53,40 +49,6 @@ class QueuesHandler(BaseHandler):
                 "may_submit": svc.access.may_use(who, q.name),
             })
         self.send({"queues": out})
-
-
-class NodesHandler(BaseHandler):
-    @needs_scope(SUBMIT)
-    def get(self) -> None:
-        svc = self.svc
-        with svc.sessions() as s:
-            rows = s.scalars(select(D.Workload).where(D.Workload.allocation.is_not(None))).all()
-        per_gpu: dict[tuple[str, int], list[dict]] = {}
-        for row in rows:
-            for p in decode_allocation(row.allocation):
-                for g in p.gpus:
-                    per_gpu.setdefault((p.node, g), []).append(
-                        {"workload": row.public_id, "kind": row.kind, "user": row.user, "fraction": p.fraction})
-        readings = svc.gpu_readings()
-        out = []
-        for n in svc.settings.nodes:
-            uuids = svc.settings.gpu_uuids.get(n.name) or []
-            live = readings.get(n.name, {})
-            gpus = []
-            for i in range(n.gpus):
-                allocs = per_gpu.get((n.name, i), [])
-                r = live.get(i, {})
-                gpus.append({"index": i, "uuid": uuids[i] if i < len(uuids) else None,
-                             "allocated": round(sum(a["fraction"] for a in allocs), 3),
-                             "utilization": r.get("utilization"), "memory_used": r.get("memory_used"),
-                             "memory_total": r.get("memory_total") or n.gpu_memory or None,
-                             "allocations": allocs})
-            node = {"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory,
-                    "schedulable": n.schedulable, "labels": n.labels, "gpus": gpus}
-            if not n.schedulable:
-                node["unschedulable_reason"] = svc.loop.node_reasons.get(n.name) or "marked unschedulable"
-            out.append(node)
-        self.send({"nodes": out})
 
 
 class RootHandler(BaseHandler):

@@ -19,8 +19,9 @@ from ... import __version__ as _version
 from ... import contract as C
 from . import schemas as S
 from .base import BaseHandler
-from .cluster import HealthHandler, MetricsHandler, NodesHandler, QueuesHandler
+from .cluster import HealthHandler, MetricsHandler, QueuesHandler
 from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
+from .nodes import NodeActionHandler, NodesHandler
 from .scopes import ADMIN_SCOPE, PUBLIC, need_of, needs_scope
 from .suspensions import ResumeHandler, SuspensionsHandler
 from .usage import UsageHandler, UsageHistoryHandler
@@ -28,8 +29,9 @@ from .workspaces import WorkspaceHandler, WorkspacesHandler
 
 REF = "#/components/schemas/{model}"
 _ERRORS = {400: "bad input: `field` names it", 401: "no token, or a token the hub does not accept",
-           403: "no gpupool scope, or not yours", 404: "no such job, workspace or suspension",
-           409: "already resumed, or the hub refused to start the server (e.g. it runs already)",
+           403: "no gpupool scope, or not yours", 404: "no such job, workspace, suspension or node",
+           409: "already resumed, the hub refused to start the server (e.g. it runs already), or a node the "
+                "backend holds out of service",
            502: "the hub could not be reached or failed", 503: "the database refused the request (try again)"}
 
 
@@ -79,7 +81,14 @@ OPERATIONS = (
     Op("get", "/queues", "Queues with quota, fair share, allocation and whether you may submit", QueuesHandler,
        S.QueueList,
        query=S.QueuesQuery, errors=(400, 401, 403)),
-    Op("get", "/nodes", "Nodes and their GPUs with allocations and live readings", NodesHandler, S.NodeList),
+    Op("get", "/nodes", "Nodes and their GPUs with allocations, live readings and whether each is in service",
+       NodesHandler, S.NodeList),
+    *(Op("post", f"/nodes/{{name}}/{action}", summary, NodeActionHandler, S.NodeAction, body=S.NodeActionRequest,
+         errors=(400, 401, 403, 404, *((409,) if action == "return" else ())), example={"reason": "kernel update"})
+      for action, summary in (
+          ("drain", "Drain a node: no new placements; its workloads checkpoint and leave (grace period)"),
+          ("fail", "Fail a node: its workloads stop at once and are requeued from their last checkpoint"),
+          ("return", "Return a node to service (409 while the backend holds it out)"))),
     Op("get", "/jobs", "Your jobs (admins: everyone's), filtered", JobsHandler, S.JobList, query=S.JobListQuery,
        errors=(400, 401, 403)),
     Op("post", "/jobs", "Submit a notebook job", JobsHandler, S.Job, 201, body=S.JobRequest, errors=(400, 401, 403, 503),
@@ -122,6 +131,7 @@ _PATH_PARAMS = {
     "job_id": {"type": "string", "pattern": C.JOB_ID_PATTERN, "description": "a job id such as j-000042"},
     "user": {"type": "string", "description": "a JupyterHub user name"},
     "server": {"type": "string", "description": "a named server ('' is the default server)"},
+    "name": {"type": "string", "description": "a node's name (GET nodes)"},
     "suspension_id": {"type": "string", "pattern": rf"^[0-9]{{1,{C.ID_DIGITS}}}$",
                       "description": "a suspension's id (GET suspensions)"},
 }
@@ -189,7 +199,8 @@ def _document(server: str, queues: tuple[str, ...]) -> dict:
             media: dict[str, Any] = {"schema": {"$ref": REF.format(model=op.body.__name__)}}
             if op.example:
                 media["example"] = op.example
-            operation["requestBody"] = {"required": op.method == "post" and op.body is not S.WorkspaceRequest,
+            optional = op.body in (S.WorkspaceRequest, S.NodeActionRequest)  # an empty body is fine
+            operation["requestBody"] = {"required": op.method == "post" and not optional,
                                         "content": {"application/json": media}}
         paths.setdefault(op.path, {})[op.method] = operation
     return {

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from . import dashboard
-from .cluster import HealthHandler, MetricsHandler, NodesHandler, NotFoundHandler, QueuesHandler, RootHandler
+from .cluster import HealthHandler, MetricsHandler, NotFoundHandler, QueuesHandler, RootHandler
 from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
+from .nodes import NodeActionHandler, NodesHandler
 from .openapi import OpenAPIHandler
 from .suspensions import ResumeHandler, SuspensionsHandler
 from .usage import UsageHandler, UsageHistoryHandler
@@ -23,6 +24,7 @@ def api_routes(prefix: str) -> list[tuple]:
         (rf"{api}/metrics/?", MetricsHandler),
         (rf"{api}/queues/?", QueuesHandler),
         (rf"{api}/nodes/?", NodesHandler),
+        (rf"{api}/nodes/([^/]+)/([^/]+)/?", NodeActionHandler),
         (rf"{api}/jobs/?", JobsHandler),
         (rf"{api}/jobs/([^/]+)/?", JobHandler),
         (rf"{api}/jobs/([^/]+)/log/?", JobLogHandler),

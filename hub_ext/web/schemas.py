@@ -165,6 +165,13 @@ class WorkspaceRequest(Resources):
     name: Optional[Name] = None
 
 
+class NodeActionRequest(Request):
+    """``POST nodes/{name}/drain|fail|return`` (the body is optional)."""
+
+    reason: Optional[Annotated[str, Field(strict=True, max_length=1000)]] = Field(
+        None, description="why, in words (shown in GET nodes and in the reasons of the workloads it stops)")
+
+
 class MetricRequest(Request):
     """``POST jobs/{id}/metrics``."""
 
@@ -381,10 +388,21 @@ class Node(Answer):
     labels: dict[str, str]
     gpus: list[GpuOut]
     unschedulable_reason: Optional[str] = None
+    state: Literal[C.NODE_STATES] = Field(description="up; draining (drained, workloads still leaving it), drained; "  # type: ignore[valid-type]
+                                                      "failed")
+    state_reason: Optional[str] = Field(None, description="why it is out: who took it out and their words, or "
+                                                          "what the backend found (e.g. 'NotReady in Kubernetes')")
+    state_source: Optional[str] = Field(None, description="'admin', or the backend that found it out")
 
 
 class NodeList(Answer):
     nodes: list[Node]
+
+
+class NodeAction(Node):
+    """The node after ``POST nodes/{name}/drain|fail|return``."""
+
+    workloads: list[str] = Field(description="the jobs and workspaces this action stopped or asked to stop now")
 
 
 class MetricOut(Answer):

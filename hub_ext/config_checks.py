@@ -1,0 +1,56 @@
+"""The checks of ``c.GPUPool`` settings that need no other setting (config.py runs them): each
+knob's range, and the warnings about over-committed quotas (never errors: the hub starts)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..scheduler.model import NodeSpec, QueueSpec
+from ..scheduler.spec import over_committed
+from ..scheduler.units import parse_bytes
+
+OVER_COMMITTED = ("over-committed: when every queue wants its share, the guarantees shrink in proportion and some "
+                  "get less than they deserve; the hub starts")
+_GPU_WORD = re.compile(r"\bgpu\b")  # the core says "8 gpu"; people read "8 GPUs"
+
+
+def over_commit_warnings(queues: list[QueueSpec], nodes: list[NodeSpec] | None) -> list[str]:
+    """Warnings, never errors: where deserved quotas add up to more than there is (the core's
+    ``over_committed``): the top-level queues against the pool's GPUs (when the nodes are known),
+    and every department whose children deserve more than it does."""
+    capacity = float(sum(n.gpus for n in nodes)) if nodes is not None else None
+    return [f"c.GPUPool.queues: {_GPU_WORD.sub('GPUs', where)} ({OVER_COMMITTED})"
+            for where in over_committed(queues, capacity)]
+
+
+def knob_errors(pool: Any) -> list[str]:
+    """One sentence per knob of ``pool`` (a GPUPool) out of its range."""
+    errors: list[str] = []
+    if pool.max_pods < 1:
+        errors.append("c.GPUPool.max_pods: must be >= 1")
+    for knob in ("cycle_seconds", "cycle_timeout"):
+        if getattr(pool, knob) <= 0:
+            errors.append(f"c.GPUPool.{knob}: must be > 0")
+    for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
+                 "workspace_release_grace", "gang_restarts", "usage_sample_seconds", "usage_raw_retention",
+                 "usage_rollup_retention"):
+        if getattr(pool, knob) < 0:
+            errors.append(f"c.GPUPool.{knob}: must be >= 0")
+    if not 0 <= pool.gpu_memory_reserve < 1:
+        errors.append("c.GPUPool.gpu_memory_reserve: must be a fraction, at least 0 and below 1 (e.g. 0.03)")
+    try:
+        parse_bytes(pool.gpu_memory_reserve_min)
+    except ValueError as e:
+        errors.append(f"c.GPUPool.gpu_memory_reserve_min: {e}")
+    if pool.usage_rollup_seconds <= 0:
+        errors.append("c.GPUPool.usage_rollup_seconds: must be > 0")
+    if "{" in pool.work_dir:
+        try:
+            pool.work_dir.format(home="/h", user="u")
+        except (KeyError, IndexError, ValueError) as e:
+            errors.append(f"c.GPUPool.work_dir: bad template ({e}); use {{home}} or {{user}}")
+    if pool.idle_window_seconds <= 0:
+        errors.append("c.GPUPool.idle_window_seconds: must be > 0")
+    if pool.max_runtime_warning < 0:
+        errors.append("c.GPUPool.max_runtime_warning: must be >= 0")
+    return errors
