@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from . import protocol
@@ -186,15 +187,13 @@ __all__ = [
     "INFERENCE", "JOB_KINDS", "Code", "IN_MOTION", "REASON_CODES", "reason_code", "DEFAULT_JOB_KIND", "JOB",
     "WORKSPACE", "JOB_ID_PATTERN", "public_id", "parse_public_id", "MAX_NAME", "MAX_PATH", "MAX_GPUS", "MAX_ARGS",
     "MAX_PODS", "MAX_CPU", "MAX_BYTES", "PRIORITY_RANGE", "INT64",
-    "MAX_LIST", "USAGE_PERIODS", "USAGE_GROUPS", "DEFAULT_USAGE_GROUP", "error_payload", "read_error", "Placement", "allocation_from_api", "allocation_to_api",
-    "describe_allocation", "format_bytes", "parse_bytes", "format_gpus", "format_request",
+    "MAX_LIST", "USAGE_PERIODS", "USAGE_GROUPS", "DEFAULT_USAGE_GROUP", "error_payload", "read_error", "Placement",
+    "encode_allocation", "decode_allocation", "allocation_from_api", "allocation_to_api", "describe_allocation",
+    "format_bytes", "parse_bytes", "format_gpus", "format_request", "Env", "JobDir", "StopCause",
 ]
 
 
 # -- why a workload holding GPUs is asked to stop (its row's ``stop_cause``) ----------------------
-from enum import Enum  # noqa: E402 (this block is kept apart from the rest of the file)
-
-
 class StopCause(str, Enum):
     """Why a workload that holds GPUs was asked to checkpoint and stop; the value is what the
     service stores. ``preempt``: the scheduler (or an idle or run-time rule) takes its GPUs and it
@@ -212,9 +211,6 @@ class StopCause(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-__all__ += ["StopCause"]
 
 
 # -- nodes taken out of service and back (``POST nodes/{name}/drain|fail|return``, GET nodes) ----

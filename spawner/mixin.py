@@ -180,7 +180,7 @@ class GPUPoolSpawnerMixin(Spawner):
         Float(), [0.25, 0.5],
         help="""Fractions of one GPU the spawn page offers in its menu. A request for another fraction
         below 1 (through the API, e.g. ``{"gpus": 0.3}``) is as valid: jobs and workspaces share one
-        rule (gpupool/hub_ext/gpus.py).""",
+        rule (gpupool/hub_ext/domain/gpus.py).""",
     ).tag(config=True)
 
     max_gpus = Integer(
@@ -488,7 +488,7 @@ class GPUPoolSpawnerMixin(Spawner):
 
     async def _note_suspension(self) -> None:
         """The service suspended this server's workspace (idle GPUs): keep the suspension (reason,
-        options) for the hub's home page, which offers to resume it (hub_ext/idle.py)."""
+        options) for the hub's home page, which offers to resume it (hub_ext/runtime/idle.py)."""
         try:
             found = await self._gpupool("GET", "suspensions", query={"user": self.user.name})
         except GPUPoolError:

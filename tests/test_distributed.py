@@ -391,10 +391,10 @@ def test_the_contract_from_placements_and_the_helpers():
     assert (gd.rank(), gd.world_size(), gd.is_main()) == (0, 1, True)  # outside a distributed job
 
 
-async def test_gpu_memory_share_of_a_gang_counts_every_worker_on_the_gpu(tmp_path):
-    """NVML memory accounting for a gang whose two workers share one GPU (0.5 each): their usage
-    is held against both shares, not one. NVML is test_nvml's stand-in; loop, backend and the
-    worker processes are real."""
+async def test_gpu_memory_share_of_a_gang_is_held_per_gpu(tmp_path):
+    """A gang of two half-GPU workers gets a GPU each (a distributed job's ranks never share a
+    device), and NVML memory accounting holds what is used on a GPU against the share on that GPU.
+    NVML is test_nvml's stand-in; loop, backend and the worker processes are real."""
     import asyncio
     import signal
 
@@ -403,7 +403,7 @@ async def test_gpu_memory_share_of_a_gang_counts_every_worker_on_the_gpu(tmp_pat
     from gpupool.hub_ext import store as D
     from gpupool.hub_ext.domain.identity import Identity
 
-    sessions, fake, backend, loop, svc = memory_loop(tmp_path)
+    sessions, fake, backend, loop, svc = memory_loop(tmp_path, gpus=2)
     job = await svc.new_job(Identity(name="alice"), {"command": ["python", "-c", "import time; time.sleep(60)"],
                                                     "pods": 2, "gpus": 0.5})
 
@@ -414,18 +414,18 @@ async def test_gpu_memory_share_of_a_gang_counts_every_worker_on_the_gpu(tmp_pat
     try:
         await loop.cycle()
         r = row()
-        assert r.status == "running" and [p["gpus"] for p in r.allocation] == [[0], [0]]
+        assert r.status == "running" and sorted(p["gpus"] for p in r.allocation) == [[0], [1]]
         for _ in range(50):
             if len(backend.pids(r.handle)) >= 4:  # two runners, two programs
                 break
             await asyncio.sleep(0.1)
         pids = sorted(backend.pids(r.handle))
-        fake.devices[0]["procs"] = [(pid, 5 * 2**30 // len(pids) * 2) for pid in pids]  # 10Gi: over one share only
+        fake.devices[0]["procs"] = [(pid, 6 * 2**30 // len(pids)) for pid in pids]  # 6Gi on GPU 0: within its 8Gi
         await loop.cycle()
         assert "warning" not in row().reason, row().reason
-        fake.devices[0]["procs"] = [(pid, 9 * 2**30 // len(pids) * 2) for pid in pids]  # 18Gi > both shares
+        fake.devices[0]["procs"] = [(pid, 10 * 2**30 // len(pids)) for pid in pids]  # 10Gi > GPU 0's 8Gi
         await loop.cycle()
-        assert "more than its share of 16Gi" in row().reason, row().reason
+        assert "more than its share of 8Gi" in row().reason, row().reason
     finally:
         for pid in backend.pids(row().handle or {"run_id": "none"}):
             os.kill(pid, signal.SIGKILL)

@@ -10,6 +10,14 @@ and train/hpo-trial, with checkpoint_on_signal / checkpoint_every and sometimes 
 Every time in a scenario (submissions, durations, grace, min_runtime, checkpoints) is a multiple
 of the cycle, so the state the scheduler sees at each cycle is the state until the next cycle.
 
+The **extended** generator (``scenarios(extended=True)``, the ``test_extended_*`` properties) adds
+what a lab meets when the pool shrinks: half of its examples have **over-committed** top-level
+quotas (they add up to more than the cluster; with configurations that accept it, half also
+give a department's projects more than the department), and each example has 0-3 **node
+events** (``fail`` or ``drain`` of a random node at a random time, half of them followed by a
+``return`` 1-60 cycles later). With ``extended=False`` the draws are exactly the original ones,
+so CI's fixed examples of the original properties do not move.
+
 Properties:
 
 * **Liveness.** A pending workload ``w`` of leaf queue ``Q`` is *entitled* at a cycle (judged on
@@ -17,12 +25,19 @@ Properties:
 
   1. for ``Q`` and every ancestor ``A``: what ``A`` holds (running workloads; releasing ones are
      leaving and not counted) + ``w`` + every pending workload of ``Q`` ahead of ``w`` in its
-     queue (higher priority, or equal priority and earlier submission) <= ``A``'s deserved quota
+     queue (higher priority, or equal priority and earlier submission) <= ``A``'s *guarantee*
      (so also within every limit, as limits are never below deserved);
   2. ``w`` fits the cluster once a *valid victim set* ``V`` is gone: some set of running
      preemptible workloads of other leaf queues such that every queue on a victim's path below
-     the level where it meets ``Q``'s path still holds at least its deserved quota without ``V``
-     (only borrowed capacity is taken back). Everything else running stays where it is: all
+     the level where it meets ``Q``'s path still holds at least its guarantee without ``V``
+     (only borrowed capacity is taken back).
+
+  A queue's *guarantee* is its deserved quota shrunk as docs/scheduling.md section 1 divides an
+  over-committed level: top-down, each child's ``min(deserved, demand)`` (demand: what its
+  running, releasing and pending workloads ask), scaled in proportion when a level's add up to
+  more than that level has: at the top the GPUs of the nodes in service (a failed or drained
+  node's are gone), below it the parent's own guarantee. Where nothing over-commits this judges
+  exactly as the deserved quota does. Everything else running stays where it is: all
      non-preemptible workloads, every workload of ``Q`` itself, and every workload of a queue
      within its deserved. Releasing workloads count as free (they leave within a grace period).
      "Fits" is exact for identical pods and no CPU/memory requests: per node, whole-GPU pods
@@ -34,17 +49,23 @@ Properties:
   invents one. Property: a workload that stays entitled from cycle ``t0`` starts by
   ``t0 + 2 * preemption_grace + min_runtime + 5 * cycle`` (``min_runtime``: a victim may still be
   protected when ``w`` becomes entitled); losing entitlement (another queue legitimately took the
-  room within its own deserved quota) restarts the clock.
+  room within its own deserved quota) restarts the clock, and so does a node event (a change of
+  supply: the plans under way may no longer hold).
 
 * **Stability.** A workload is not preempted twice within ``preemption_grace + min_runtime``
   (between the two eviction decisions: the issue's window; a workload that resumed runs at least
   ``min_runtime`` after its grace period before it may be evicted again) unless demand changed:
-  a submission or a finish between the two eviction signals.
+  a submission or a finish between the two eviction signals. A stop caused by a node event
+  (``reason`` ``node-failure`` or ``drain``) is not the scheduler's and does not count; a node
+  event between two evictions counts as a change (of supply).
 
-* **Steady state.** Arrivals stop at ``T`` and nothing finishes (long durations): from
-  ``T + 6 * (preemption_grace + min_runtime) + 30 * cycle`` on, no eviction is decided.
+* **Steady state.** Arrivals and node events stop at ``T`` and nothing finishes (long
+  durations): from ``T + 6 * (preemption_grace + min_runtime) + 30 * cycle`` on, no eviction is
+  decided.
 
-Each property runs ``GUARANTEE_EXAMPLES`` examples (default 400, the CI count); hunt with e.g.
+Each original property runs ``GUARANTEE_EXAMPLES`` examples and each extended one
+``GUARANTEE_EXTENDED_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
+only the original generator, ``-k extended`` only the new one); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000``, ``GUARANTEE_RANDOM=1`` (a fresh random stream instead of CI's fixed
 examples) and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
 scenario it takes minutes); ``GUARANTEE_DUMP=DIR`` writes each counterexample found to DIR as a
@@ -63,17 +84,33 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpupool.scheduler.model import MILLI
+from gpupool.scheduler.spec import SpecError, parse_queues
 from gpupool.sim import load_scenario, parse_scenario, simulate
 from gpupool.sim.engine import Engine
 
 EPS = 1e-6
-N = int(os.environ.get("GUARANTEE_EXAMPLES", "400"))
+N = int(os.environ.get("GUARANTEE_EXAMPLES", "200"))  # per property, the original generator
+N_EXTENDED = int(os.environ.get("GUARANTEE_EXTENDED_EXAMPLES", "150"))  # per property, over-commit + node events
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 SHRINK = os.environ.get("GUARANTEE_SHRINK") == "1"  # shrinking a long scenario takes minutes: opt in
 DUMP = os.environ.get("GUARANTEE_DUMP")  # a folder: each counterexample is written there as a scenario file
 RANDOM = os.environ.get("GUARANTEE_RANDOM") == "1"  # hunt beyond CI's fixed examples: a new stream each run
+
+
+def _departments_may_overcommit() -> bool:
+    """Whether the configuration accepts projects that deserve more than their department (the
+    extended generator draws such trees only then; otherwise its departments are over-committed
+    only by a shrinking top level)."""
+    try:
+        parse_queues([{"name": "d", "deserved": {"gpu": 1}}, {"name": "p", "parent": "d", "deserved": {"gpu": 2}}])
+    except SpecError:
+        return False
+    return True
+
+
+DEPT_OVERCOMMIT = _departments_may_overcommit()
 
 
 def _settings(n: int):
@@ -84,7 +121,10 @@ def _settings(n: int):
 
 # -- scenarios -----------------------------------------------------------------------------------
 @st.composite
-def scenarios(draw, *, steady: bool = False):
+def scenarios(draw, *, steady: bool = False, extended: bool = False):
+    """A random scenario (see the module docstring); ``extended`` adds over-committed quotas and
+    node events. With ``extended=False`` the draws are exactly those of the original generator,
+    so CI's fixed examples stay the same."""
     cycle = draw(st.sampled_from([1, 5]))
     grace = cycle * draw(st.sampled_from([0, 2, 6]))
     min_runtime = cycle * draw(st.sampled_from([0, 0, 4]))
@@ -95,17 +135,28 @@ def scenarios(draw, *, steady: bool = False):
         capacity += g
 
     queues, left = [], capacity
-    dept = draw(st.integers(0, left))
+    over_top = extended and draw(st.booleans())  # top-level quotas add up to more than the cluster
+    over_dept = extended and DEPT_OVERCOMMIT and draw(st.booleans())  # projects more than their department
+    dept = draw(st.integers(0, capacity if over_top else left))
     left -= dept
-    a = draw(st.integers(0, dept))
-    b = draw(st.integers(0, dept - a))
+    if over_dept:
+        a = draw(st.integers(0, dept + 2))
+        b = draw(st.integers(max(0, dept - a + 1), dept + 3))
+    else:
+        a = draw(st.integers(0, dept))
+        b = draw(st.integers(0, dept - a))
     queues.append({"name": "dept", "deserved": {"gpu": dept}})
     queues.append({"name": "p1", "parent": "dept", "deserved": {"gpu": a}})
     queues.append({"name": "p2", "parent": "dept", "deserved": {"gpu": b},
                    "over_quota_weight": draw(st.sampled_from([1, 2]))})
     tops = draw(st.integers(1, 2))
     for i in range(tops):
-        d = left if i == tops - 1 and draw(st.booleans()) else draw(st.integers(0, left))
+        if over_top:
+            d = draw(st.integers(0, capacity))
+            if i == tops - 1 and left - d >= 0:  # make sure the level over-commits
+                d = left + draw(st.integers(1, 4))
+        else:
+            d = left if i == tops - 1 and draw(st.booleans()) else draw(st.integers(0, left))
         left -= d
         queues.append({"name": f"q{i}", "deserved": {"gpu": d}, "over_quota_weight": draw(st.sampled_from([1, 2])),
                        "priority": draw(st.sampled_from([0, 0, 1]))})
@@ -141,11 +192,23 @@ def scenarios(draw, *, steady: bool = False):
             w["priority"] = draw(st.sampled_from([10, 50, 90]))
         workloads.append(w)
     last = max(w["submit_at"] for w in workloads)
+    cluster: dict = {"nodes": nodes}
+    if extended:
+        events = []
+        for _ in range(draw(st.integers(0, 3))):
+            node = draw(st.sampled_from(nodes))["name"]
+            t = cycle * (draw(st.integers(0, span)) // cycle)
+            events.append({"t": t, "node": node, "action": draw(st.sampled_from(["fail", "fail", "drain"]))})
+            if draw(st.booleans()):
+                events.append({"t": t + cycle * draw(st.integers(1, 60)), "node": node, "action": "return"})
+        if events:
+            cluster["events"] = sorted(events, key=lambda e: e["t"])
+            last = max(last, max(e["t"] for e in events))  # the last change of supply counts like an arrival
     round_ = grace + min_runtime
     settle = last + 6 * round_ + 30 * cycle
     until = settle + 4 * round_ + 60 * cycle if steady else last + 900
     config = {"cycle": cycle, "preemption_grace": grace, "min_runtime": min_runtime, "until": until}
-    data = {"name": "random", "config": config, "cluster": {"nodes": nodes}, "queues": queues,
+    data = {"name": "random", "config": config, "cluster": cluster, "queues": queues,
             "workloads": workloads}
     return (data, settle) if steady else data
 
@@ -161,6 +224,8 @@ def _pod_milli(w, node) -> tuple[int, int]:
 
 
 def _fits(w, nodes, used: dict[tuple[str, int], int]) -> bool:
+    """Whether the pods of ``w`` fit; the pods of a gang never share a GPU (a distributed job's
+    ranks each need their own device)."""
     pods = 0
     for n in nodes:
         whole, milli = _pod_milli(w, n)
@@ -178,13 +243,16 @@ def _fits(w, nodes, used: dict[tuple[str, int], int]) -> bool:
 
 class Entitlement:
     """Decides, from the engine's state after a cycle, whether a pending workload is entitled
-    (see the module docstring)."""
+    (see the module docstring). ``refresh()`` takes the cycle's state (nodes in service, shrunk
+    shares); call it once per cycle before judging."""
 
     def __init__(self, engine: Engine):
         sc = engine.scenario
         self.engine = engine
-        self.nodes = [n for n in sc.nodes if n.schedulable]
         self.queues = {q.name: q for q in sc.queues}
+        self.children: dict[str | None, list[str]] = {}
+        for q in sc.queues:
+            self.children.setdefault(q.parent, []).append(q.name)
         self.path: dict[str, list[str]] = {}
         for q in sc.queues:
             cur, path = q.name, []
@@ -192,9 +260,23 @@ class Entitlement:
                 path.append(cur)
                 cur = self.queues[cur].parent
             self.path[q.name] = path
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The nodes in service and every queue's shrunk share at this moment."""
+        eng = self.engine
+        self.nodes = [n for n in eng.nodes if n.schedulable]
+        demand = {q: 0.0 for q in self.queues}
+        for s in eng._active.values():
+            if s.state in ("pending", "running", "releasing"):
+                amt = s.gpu_share if s.state != "pending" else self.share(s.w)
+                for q in self.path[s.w.queue]:
+                    demand[q] += amt
+        self.shrunk = shrunk_shares(self.queues, self.children, demand, float(sum(n.gpus for n in self.nodes)))
 
     def deserved(self, q: str) -> float:
-        return self.queues[q].deserved.get("gpu", 0.0)
+        """What ``q`` is guaranteed now: its deserved quota, shrunk where a level over-commits."""
+        return self.shrunk[q]
 
     def __call__(self, sw) -> bool:
         eng = self.engine
@@ -243,7 +325,8 @@ class Entitlement:
 
     def share(self, w) -> float:
         if w.gpu_memory > 0:  # the least share it can take on any node
-            return w.pods * min(-(-w.gpu_memory * MILLI // n.gpu_memory) for n in self.nodes) / MILLI
+            nodes = [n for n in self.engine.nodes if n.gpu_memory > 0]
+            return w.pods * min(-(-w.gpu_memory * MILLI // n.gpu_memory) for n in nodes) / MILLI
         return w.pods * w.gpus
 
     @staticmethod
@@ -251,6 +334,26 @@ class Entitlement:
         for p in s.w.placements:
             for g in p.gpus:
                 used[(p.node, g)] = used.get((p.node, g), 0) + p.milli
+
+def shrunk_shares(queues: dict, children: dict, demand: dict[str, float], capacity: float) -> dict[str, float]:
+    """Every queue's guarantee in GPUs after shrinkage (docs/scheduling.md section 1,
+    over-committed quotas): top-down, each child's guarantee is ``min(deserved, demand)``; when
+    the guarantees of one level add up to more than what that level has (the capacity in service
+    at the top, the parent's own shrunk guarantee below), each is scaled in proportion. Without
+    over-commit this is ``min(deserved, demand)``, which judges exactly as the deserved quota."""
+    out: dict[str, float] = {}
+    stack: list[tuple[str | None, float]] = [(None, capacity)]
+    while stack:
+        parent, amount = stack.pop()
+        kids = children.get(parent, [])
+        g = {k: min(queues[k].deserved.get("gpu", 0.0), demand[k]) for k in kids}
+        total = sum(g.values())
+        scale = amount / total if total > amount + EPS else 1.0
+        for k in kids:
+            out[k] = g[k] * scale
+            stack.append((k, out[k]))
+    return out
+
 
 # -- the properties ----------------------------------------------------------------------------
 def liveness_failures(data: dict, seed: int = 0) -> tuple[list[str], dict]:
@@ -262,10 +365,16 @@ def liveness_failures(data: dict, seed: int = 0) -> tuple[list[str], dict]:
     late: list[str] = []
     judge: list[Entitlement] = []
 
+    events_seen = [0]
+
     def watch(engine: Engine, rec) -> None:
         if not judge:
             judge.append(Entitlement(engine))
+        judge[0].refresh()
         t = rec.t
+        if len(engine.node_log) != events_seen[0]:  # a node event changes supply: every clock restarts
+            events_seen[0] = len(engine.node_log)
+            since.clear()
         for name, t0 in list(since.items()):
             sw = engine.by_name[name]
             entitled = sw.state == "pending" and judge[0](sw)
@@ -283,18 +392,24 @@ def liveness_failures(data: dict, seed: int = 0) -> tuple[list[str], dict]:
     return late, report
 
 
+NODE_CAUSES = ("node-failure", "drain")
+
+
 def thrash(report: dict) -> list[str]:
     """Workloads preempted twice within grace + min_runtime (the issue's window, between the two
-    eviction decisions) with no demand change in between."""
+    eviction decisions) with no change of demand or supply in between. A stop caused by a node
+    event is not the scheduler's and does not count (unless it cut short the scheduler's own
+    eviction: ``interrupted``); a node event counts as a change."""
     cfg = report["config"]
     window = cfg["preemption_grace"] + cfg["min_runtime"]
     demand = [e["t"] for e in report["events"] if e["type"] == "finish"]
     submits = sorted(w["submitted"] for w in report["workloads"])
-    changes = sorted(demand + submits)
+    supply = [e["t"] for e in report.get("node_events", [])]
+    changes = sorted(demand + submits + supply)
     out = []
     by: dict[str, list[dict]] = {}
     for e in report["events"]:
-        if e["type"] == "preempt":
+        if e["type"] == "preempt" and (e["reason"] not in NODE_CAUSES or e.get("interrupted") not in (None, *NODE_CAUSES)):
             by.setdefault(e["workload"], []).append(e)
     for name, pre in by.items():
         for a, b in zip(pre, pre[1:]):
@@ -355,6 +470,38 @@ def late_evictions(data: dict, settle: float, seed: int = 0) -> list[str]:
 @_settings(N)
 @given(scenarios(steady=True), st.integers(0, 2))
 def test_steady_state_makes_no_preemptions(case, seed):
+    data, settle = case
+    bad = late_evictions(data, settle, seed)
+    dump("steady", data, seed, bad)
+    assert not bad, bad
+
+
+# -- the same properties with over-committed quotas and node events -------------------------------
+# Separate tests, so that the original generator's fixed examples stay as they were:
+#   pytest tests/test_guarantee_properties.py -k "not extended"   # the original generator
+#   pytest tests/test_guarantee_properties.py -k extended         # over-commit and node events
+@_settings(N_EXTENDED)
+@given(scenarios(extended=True), st.integers(0, 2))
+def test_extended_entitled_workloads_start_within_two_grace_periods(data, seed):
+    late, report = liveness_failures(data, seed)
+    assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+    dump("liveness", data, seed, late)
+    assert not late, late
+
+
+@_settings(N_EXTENDED)
+@given(scenarios(extended=True), st.integers(0, 2))
+def test_extended_no_workload_preempted_twice_without_a_change_of_demand(data, seed):
+    report = simulate(parse_scenario(data), seed=seed)
+    assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+    bad = thrash(report)
+    dump("stability", data, seed, bad)
+    assert not bad, bad
+
+
+@_settings(N_EXTENDED)
+@given(scenarios(steady=True, extended=True), st.integers(0, 2))
+def test_extended_steady_state_makes_no_preemptions(case, seed):
     data, settle = case
     bad = late_evictions(data, settle, seed)
     dump("steady", data, seed, bad)
@@ -476,3 +623,62 @@ def test_regress_reclaiming_workload_starts_within_the_bound():
     late, report = liveness_failures(scenario_data("regress_reclaiming_gang_late"), 1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
+
+
+@pytest.mark.parametrize("name, seed", [
+    ("regress_shrunk_overcommitted_quotas", 2),  # no node event: quotas over-commit one node
+    ("regress_shrunk_after_drain", 2),  # a drain halves the cluster under quotas that fit it
+    ("regress_shrunk_after_failures", 2),  # a failure and a drain leave a third of the GPUs
+    ("regress_shrunk_gang_after_drain", 2),  # a gang of the starved queue
+    ("regress_shrunk_project_reclaims", 1),  # the reclaimer is a project; the holders top-level queues
+])
+def test_regress_a_queue_below_its_shrunk_share_reclaims_up_to_it(name, seed):
+    late, report = liveness_failures(scenario_data(name), seed)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late
+
+
+def test_shrunk_shares_divide_an_overcommitted_level_in_proportion():
+    """The judge's guarantee: the scheduling doc's over-committed example (4 GPUs; vision deserves
+    4, nlp 2) and a department whose guarantee shrinks at the top level."""
+    from gpupool.scheduler.model import QueueSpec
+
+    def tree(*qs):
+        queues = {q.name: q for q in qs}
+        children: dict = {}
+        for q in qs:
+            children.setdefault(q.parent, []).append(q.name)
+        return queues, children
+
+    queues, children = tree(QueueSpec("vision", deserved={"gpu": 4}), QueueSpec("nlp", deserved={"gpu": 2}))
+    got = shrunk_shares(queues, children, {"vision": 10, "nlp": 10}, 4)
+    assert got == pytest.approx({"vision": 8 / 3, "nlp": 4 / 3})
+    assert shrunk_shares(queues, children, {"vision": 10, "nlp": 10}, 8) == {"vision": 4, "nlp": 2}
+    assert shrunk_shares(queues, children, {"vision": 1, "nlp": 10}, 8) == {"vision": 1, "nlp": 2}  # demand caps
+    queues, children = tree(QueueSpec("d", deserved={"gpu": 6}), QueueSpec("a", parent="d", deserved={"gpu": 4}),
+                            QueueSpec("b", parent="d", deserved={"gpu": 2}), QueueSpec("q", deserved={"gpu": 6}))
+    got = shrunk_shares(queues, children, {"d": 20, "a": 10, "b": 10, "q": 20}, 6)  # half the cluster is gone
+    assert got == pytest.approx({"d": 3, "a": 2, "b": 1, "q": 3})
+
+
+def test_extended_generator_draws_overcommit_and_node_events_and_the_original_does_not():
+    def overcommitted(d):
+        cap = sum(n["gpus"] for n in d["cluster"]["nodes"])
+        return sum(q["deserved"]["gpu"] for q in d["queues"] if "parent" not in q) > cap
+
+    seen: list[tuple[bool, set]] = []
+
+    @_settings(30)
+    @given(scenarios(extended=True))
+    def extended(d):
+        seen.append((overcommitted(d), {e["action"] for e in d["cluster"].get("events", [])}))
+
+    @_settings(30)
+    @given(scenarios())
+    def original(d):
+        assert not overcommitted(d) and "events" not in d["cluster"]
+
+    extended()
+    original()
+    assert 5 <= sum(o for o, _ in seen) <= 25  # about half over-commit
+    assert set().union(*(a for _, a in seen)) == {"fail", "drain", "return"}

@@ -38,7 +38,7 @@ KNOWN = DIFFERENCES.get("cases") or {}
 
 @lru_cache(maxsize=None)
 def replay(case_id: str) -> dict:
-    report = simulate(load_scenario(HERE / f"{case_id}.yaml"), seed=0)
+    report = simulate(load_scenario(HERE / f"{case_id}.yaml"), seed=0, timeline=True)
     assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
     return report
 
@@ -147,3 +147,51 @@ def test_differences_name_real_cases():
             assert d.get("gpupool"), f"{cid}: a difference states gpupool's outcome"
         else:
             assert d.get("category") and d.get("description"), f"{cid}: a bug says what breaks"
+
+
+def starved_while_others_hold_more(case_id: str) -> list[str]:
+    """The promise every argued difference keeps (docs/scheduling.md section 4): at the end of the
+    replay no queue with waiting work holds less than its guarantee (its deserved quota shrunk where
+    quotas over-commit) while another queue holds more than its fair share. Workloads move whole,
+    so a queue within one of its waiting workloads of its guarantee has what it can have."""
+    from gpupool.scheduler.fairshare import QueueTree, guarantees
+    from gpupool.scheduler.units import parse_bytes
+
+    sc = load_scenario(HERE / f"{case_id}.yaml")
+    report = replay(case_id)
+    tree = QueueTree(sc.queues)
+    mem = max(n.gpu_memory for n in sc.nodes) or 1
+    demand: dict[str, dict[str, float]] = {}
+    smallest: dict[str, float] = {}  # queue -> its smallest waiting workload (GPUs)
+    raw = {w["name"]: w for w in yaml.safe_load((HERE / f"{case_id}.yaml").read_text())["workloads"]}
+    for w in report["workloads"]:
+        if w.get("state") not in ("running", "pending"):
+            continue
+        e = raw[w["name"]]
+        per_pod = min(1.0, parse_bytes(e["gpu_memory"]) / mem) if e.get("gpu_memory") else float(e.get("gpus", 0))
+        d = demand.setdefault(e["queue"], {"gpu": 0.0})
+        d["gpu"] += per_pod * e.get("pods", 1)
+        if w["state"] == "pending":
+            for q in tree.path(e["queue"]):
+                smallest[q] = min(smallest.get(q, float("inf")), per_pod * e.get("pods", 1))
+    last = report["timeline"][-1]["queues"] if report.get("timeline") else {}
+    held = {q: v["allocated_gpu"] for q, v in last.items()}
+    fair = {q: v["fair_share_gpu"] for q, v in last.items()}
+    capacity = sum(n.gpus for n in sc.nodes)
+    g = guarantees(tree, demand, capacity)
+    out = []
+    for a, least in smallest.items():
+        if held.get(a, 0.0) + least <= g[a] + 1e-6:
+            for b in tree.queues:
+                if b in tree.path(a) or a in tree.path(b):
+                    continue
+                if held.get(b, 0.0) > fair.get(b, 0.0) + 1e-6:
+                    out.append(f"{a} holds {held.get(a, 0.0):g} of its guarantee {g[a]:g} while {b} holds "
+                               f"{held[b]:g} of its fair share {fair[b]:g}")
+    return out
+
+
+@pytest.mark.parametrize("case_id", sorted(k for k, v in KNOWN.items() if v["status"] == "difference"))
+def test_an_argued_difference_starves_no_queue_below_its_guarantee(case_id):
+    bad = starved_while_others_hold_more(case_id)
+    assert not bad, bad

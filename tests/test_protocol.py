@@ -2,11 +2,13 @@
 writer is read back by its reader, the way the other side of the protocol reads it."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -138,6 +140,65 @@ def test_gpu_env_of_a_process_and_of_a_pod():
     assert P.memory_limit(1.0, 80) == 0 and P.memory_limit(0.25, 0) == 0 and P.memory_limit(0.25, 80, 7) == 7
 
 
+def test_the_service_builds_a_runs_environment_from_the_protocol(tmp_path):
+    """hub_ext's JobSpecs (runtime/jobspec.py) on protocol.gpu_env / job_env / JobDir: the values a
+    run got when the service wrote them itself, spelled out here."""
+    from types import SimpleNamespace
+
+    from gpupool.hub_ext.runtime.jobspec import JobSpecs
+
+    root = str(tmp_path / "jobs")
+    pool = SimpleNamespace(job_root=root, work_dir=str(tmp_path / "work"), run_as_user=False, kernel_name="python3",
+                           job_python="python")
+    nodes = {"box": SimpleNamespace(name="box", gpu_memory=16 * 2**30)}
+    specs = JobSpecs(pool, {"box": ["GPU-a", "GPU-b"]}, nodes.get, "http://svc/api/v1/")
+    cpu = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void",
+           "GPUPOOL_GPUS": "", "GPUPOOL_GPU_FRACTION": "0"}
+    for nothing in (None, [], [{"pod": 0, "node": "box", "gpus": [], "fraction": 1.0}]):
+        assert specs.gpu_env(nothing) == cpu
+    quarter = {"pod": 0, "node": "box", "gpus": [1], "fraction": 0.25}
+    assert specs.gpu_env([quarter]) == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "CUDA_VISIBLE_DEVICES": "GPU-b", "NVIDIA_VISIBLE_DEVICES": "GPU-b",
+        "GPUPOOL_GPUS": "1", "GPUPOOL_NODE": "box", "GPUPOOL_GPU_FRACTION": "0.25",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.250", "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "GPUPOOL_GPU_MEMORY_LIMIT": str(4 * 2**30)}
+    assert specs.gpu_env([quarter], gpu_memory=3 * 2**30)["GPUPOOL_GPU_MEMORY_LIMIT"] == str(3 * 2**30)  # asked for
+    assert "GPUPOOL_GPU_MEMORY_LIMIT" not in specs.gpu_env([dict(quarter, node="elsewhere")])  # its GPU unknown
+    # whole GPUs: no UUID known for GPU 3; the first placement with GPUs counts
+    whole = [{"pod": 0, "node": "box", "gpus": [], "fraction": 1.0}, {"pod": 1, "node": "box", "gpus": [0, 3],
+                                                                       "fraction": 1.0}]
+    assert specs.gpu_env(whole) == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "CUDA_VISIBLE_DEVICES": "GPU-a,3",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a,3", "GPUPOOL_GPUS": "0,3", "GPUPOOL_NODE": "box", "GPUPOOL_GPU_FRACTION": "1"}
+
+    # a gang's second attempt, with a checkpoint to resume from
+    jdir = os.path.join(root, "j-000042")
+    P.write_latest(os.path.join(jdir, "checkpoints"), "ckpt.pkl", 3)
+    open(os.path.join(jdir, "checkpoints", "ckpt.pkl"), "w").close()
+    gang = [{"pod": 1, "node": "box", "gpus": [1], "fraction": 1.0}, {"pod": 0, "node": "box", "gpus": [0],
+                                                                      "fraction": 1.0}]
+    row = SimpleNamespace(public_id="j-000042", allocation=gang, gpu_memory=0, attempt=2, user="alice", pods=2,
+                          parameters={"lr": 1}, queue="vision", kind="train", cpu=2, memory=0, command=None,
+                          script="train.py", args=["--fast"])
+    spec = specs.job_spec(row, token="gpj_x")
+    assert spec.env == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "CUDA_VISIBLE_DEVICES": "GPU-b", "NVIDIA_VISIBLE_DEVICES": "GPU-b",
+        "GPUPOOL_GPUS": "1", "GPUPOOL_NODE": "box", "GPUPOOL_GPU_FRACTION": "1",
+        "GPUPOOL_JOB_ID": "j-000042", "GPUPOOL_ATTEMPT": "2",
+        "GPUPOOL_CHECKPOINT_DIR": os.path.join(jdir, "checkpoints"),
+        "GPUPOOL_STOP_FILE": os.path.join(jdir, "control", "stop"), "GPUPOOL_JOB_DIR": jdir,
+        "GPUPOOL_API_URL": "http://svc/api/v1/", "GPUPOOL_API_TOKEN": "gpj_x",
+        "GPUPOOL_RESUME_FROM": os.path.join(jdir, "checkpoints", "ckpt.pkl")}
+    assert specs.resumes_from(spec) == os.path.join(jdir, "checkpoints", "ckpt.pkl")
+    assert (spec.notebook, spec.output, spec.log, spec.job_dir, spec.checkpoint_dir, spec.stop_file) == (
+        os.path.join(jdir, "input.ipynb"), os.path.join(jdir, "output.ipynb"), os.path.join(jdir, "log.txt"), jdir,
+        os.path.join(jdir, "checkpoints"), os.path.join(jdir, "control", "stop"))
+    assert spec.placements == sorted(gang, key=lambda p: p["pod"]) and spec.pods == 2
+    assert spec.command == ["python", "train.py", "--fast"] and spec.run_id == f"j-000042.2.{specs.instance}"
+    assert [(w["GPUPOOL_GPUS"], w["CUDA_VISIBLE_DEVICES"]) for w in spec.worker_env] == [("0", "GPU-a"), ("1", "GPU-b")]
+    assert "GPUPOOL_API_TOKEN" not in specs.job_spec(row).env  # a token only when it starts
+
+
 def test_the_job_helpers_stay_cheap_to_import():
     code = ("import sys, gpupool.checkpoint, gpupool.distributed; "
             "extra = sorted(m for m in sys.modules if m.startswith('gpupool') and m not in "
@@ -145,17 +206,43 @@ def test_the_job_helpers_stay_cheap_to_import():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def spelled_out(source: str) -> list[str]:
+    """The ``GPUPOOL_*`` names of :class:`Env` that ``source`` spells itself: a string that is one
+    of them (``env["GPUPOOL_JOB_ID"]``), a keyword argument (``env.update(GPUPOOL_GPUS=...)``) or
+    a name. Comments and docstrings that mention one are prose, not a use."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+        elif isinstance(node, ast.keyword):
+            name = node.arg
+        elif isinstance(node, ast.Name):
+            name = node.id
+        else:
+            continue
+        if name in ENV_NAMES:
+            found.append((node.lineno, name))
+    return [f"line {line}: {name}" for line, name in sorted(found)]
+
+
+def test_the_check_finds_each_way_of_spelling_a_name():
+    assert spelled_out('env["GPUPOOL_JOB_ID"] = j\nenv.update(GPUPOOL_GPUS="")\nGPUPOOL_NODE = 1\n') == [
+        "line 1: GPUPOOL_JOB_ID", "line 2: GPUPOOL_GPUS", "line 3: GPUPOOL_NODE"]
+    assert spelled_out('"""Reads ``GPUPOOL_JOB_ID``."""\n# GPUPOOL_GPUS\nx = Env.JOB_ID\ny = "GPUPOOL_CONFIG"\n') == []
+
+
 def test_no_adapter_spells_out_the_protocol():
     """The GPUPOOL_* names of the job protocol appear in gpupool/protocol.py and nowhere else in
-    the modules that speak it (the service's loop reads them from there too once it is ported)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(P.__file__)))
+    the modules that speak it: the job helpers, the backends, the spawner and every module of the
+    service (hub_ext)."""
+    root = Path(P.__file__).resolve().parents[1]
     speakers = ["gpupool/checkpoint.py", "gpupool/distributed.py", "gpupool/client/metrics.py",
                 "gpupool/client/config.py", "gpupool/backends/local.py", "gpupool/backends/kubernetes.py",
                 "gpupool/backends/kube_manifests.py", "gpupool/backends/base.py", "spawner/kube.py"]
-    for rel in speakers:
-        code = [ln for ln in open(os.path.join(root, rel)).read().splitlines()
-                if not ln.lstrip().startswith("#") and '"' + "GPUPOOL_" in ln]
-        spelled = [ln.strip() for ln in code if any(f'"{n}"' in ln for n in ENV_NAMES)]
+    service = sorted(str(p.relative_to(root)) for p in (root / "hub_ext").rglob("*.py"))
+    assert "hub_ext/runtime/jobspec.py" in service
+    for rel in speakers + service:
+        spelled = spelled_out((root / rel).read_text())
         assert not spelled, f"{rel} spells out the job protocol: {spelled}"
 
 

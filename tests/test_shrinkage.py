@@ -146,3 +146,15 @@ def test_regress_combined_preemption_between_borrowers_does_not_swap_back_and_fo
 
     report = simulate(load_scenario(SCENARIOS / "regress_combined_between_borrowers.yaml"), seed=0)
     assert not thrash(report), thrash(report)
+
+
+def test_regress_a_low_priority_workload_does_not_bind_ahead_in_the_first_pass():
+    from test_guarantee_properties import thrash
+
+    report = simulate(load_scenario(SCENARIOS / "regress_low_priority_first_pass.yaml"), seed=0)
+    assert not thrash(report), thrash(report)
+
+
+def test_regress_a_priority_swap_does_not_take_its_queue_above_its_share_under_reclaim():
+    report = simulate(load_scenario(SCENARIOS / "regress_priority_swap_above_share.yaml"), seed=0)
+    assert not evictions(report, after=300), evictions(report, after=300)

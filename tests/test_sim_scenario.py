@@ -157,6 +157,9 @@ MALFORMED = [
     ("config.until", "soon", "config.until: must be a number"),
     ("config.speed", 2, "config.speed: unknown field"),
     ("config.placement", "magic", "config.placement: unknown placement policy"),
+    ("config.gpu_memory_reserve", {"fraction": 1.5}, "config.gpu_memory_reserve.fraction: must be below 1"),
+    ("config.gpu_memory_reserve", {"min": "lots"}, "config.gpu_memory_reserve.min"),
+    ("config.gpu_memory_reserve", 0.03, "config.gpu_memory_reserve: must be a mapping"),
     ("cluster", DELETE, "cluster: is required"),
     ("cluster.nodes", [], "cluster.nodes: must list at least one node"),
     ("cluster.racks", 2, "cluster.racks: unknown field"),
@@ -166,7 +169,6 @@ MALFORMED = [
     ("queues", DELETE, "queues: is required"),
     ("queues[1].parent", "nowhere", "queues[1].parent: unknown queue 'nowhere'"),
     ("queues[1].limit", {"gpu": 1}, "queues[1].limit.gpu: limit 1 is below deserved 4"),
-    ("queues[2].deserved", {"gpu": 3}, "queues[0].deserved.gpu: children of 'research' deserve 7"),
     ("queues[3].name", "vision", "queues[3].name: duplicate queue name 'vision'"),
     ("workloads", {"a": 1}, "workloads: must be a list"),
     ("workloads[0].queue", "research", "workloads[0].queue: 'research' is a department"),
@@ -347,3 +349,16 @@ def test_the_scenario_doc_example_runs_as_written_and_docs_stay_in_the_repositor
     # the format is described in docs/, not in material outside the repository
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         assert "spec/scenario.md" not in doc.read_text(), doc
+
+
+def test_driver_reserved_memory_sizes_memory_fractions():
+    """config.gpu_memory_reserve: a 24Gi request fits a 24Gi GPU only when the driver keeps nothing."""
+    def run(config):
+        data = {"config": {"until": 5, **config}, "cluster": {"nodes": [{"name": "a", "gpus": 1, "gpu_memory": "24Gi"}]},
+                "queues": [{"name": "q", "deserved": {"gpu": 1}}],
+                "workloads": [{"name": "w", "queue": "q", "gpu_memory": "24Gi", "duration": 10}]}
+        report = simulate(parse_scenario(data))
+        return report["workloads"][0]["started"]
+
+    assert run({}) == 0
+    assert run({"gpu_memory_reserve": {"fraction": 0.03, "min": "256Mi"}}) is None

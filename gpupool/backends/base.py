@@ -1,8 +1,8 @@
 """The job backend interface: how the hub service runs a notebook job somewhere.
 
-The scheduler loop (``gpupool.hub_ext.loop``) decides *what* runs *where*; a backend only carries
-it out. Two implementations: :mod:`gpupool.backends.local` (processes on this machine, the
-default) and a Kubernetes backend. A backend is chosen with ``c.GPUPool.backend``.
+The scheduler loop (``gpupool.hub_ext.runtime.loop``) decides *what* runs *where*; a backend
+only carries it out. Two implementations: :mod:`gpupool.backends.local` (processes on this
+machine, the default) and a Kubernetes backend. A backend is chosen with ``c.GPUPool.backend``.
 
 Life of a run (one *attempt* of a job; a requeued job gets a new attempt and a new ``run_id``)::
 

@@ -20,12 +20,27 @@ and the Kubernetes backend keep (see scheduler/model.py):
     within the grace period); the work lost is the run time since its latest periodic checkpoint
     (every ``checkpoint_every`` seconds of run time), or the whole run if it has none.
 
+* Node events (``cluster.events``) happen at their time, before that moment's cycle; the node
+  stays in the snapshot with ``schedulable=False`` while it is out (the scheduler counts only
+  schedulable nodes' capacity, so every fair share shrinks with it, and drops reservations on it):
+
+  - ``fail``: every workload with a pod on the node (a gang: all its pods) stops at once and is
+    requeued; it keeps only its latest periodic checkpoint (a failure gives no chance to save on
+    signal; one that had already saved on an earlier signal keeps that). Its ``preempt`` event
+    says ``reason: node-failure``.
+  - ``drain``: the node is cordoned; its running workloads are evicted as the scheduler evicts
+    (``checkpoint_on_signal`` saves, ``preemption_grace`` later they are stopped and requeued) with
+    ``reason: drain``; one already releasing keeps its own eviction.
+  - ``return``: schedulable again (a failed node comes back empty). Non-preemptible workloads are
+    stopped and requeued like the others.
+
 * A workload that can never run (a pod larger than any matching node, a gang larger than the
   matching cluster, a non-preemptible request above its queue's deserved quota, a request above
   a queue's limit) is rejected at submission with the reason, and never shown to the scheduler.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -33,9 +48,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, SchedulerConfig, Snapshot, Workload
+from gpupool.scheduler.reasons import Cause
 
 from ..gcpause import paused_gc
-from .scenario import Scenario, WorkloadEntry, fresh_workloads
+from .scenario import NodeEvent, Scenario, WorkloadEntry, fresh_workloads
 
 EPS = 1e-9
 
@@ -55,6 +71,7 @@ class SimWorkload:
     frozen_progress: float | None = None  # set when it saved on signal and stopped working
     signalled_at: float | None = None
     evict: Evict | None = None
+    evict_node: str | None = None  # the node whose drain asked it to stop
     version: int = 0  # invalidates stale finish/release events
     gpu_share: float = 0.0  # GPUs held now (sum over pods of GPUs x fraction)
     first_start: float | None = None
@@ -193,7 +210,9 @@ class Engine:
             from gpupool.scheduler import Scheduler  # the real core
 
             scheduler = Scheduler(SchedulerConfig(min_runtime=cfg.min_runtime, preemption_grace=cfg.preemption_grace,
-                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed),
+                                                  placement=cfg.placement, topology_key=cfg.topology_key, seed=seed,
+                                                  gpu_memory_reserve=cfg.gpu_memory_reserve,
+                                                  gpu_memory_reserve_min=cfg.gpu_memory_reserve_min),
                                   timer=time.perf_counter)  # per-action timing for the report
         self.scheduler = scheduler
         self.on_cycle = on_cycle
@@ -203,6 +222,19 @@ class Engine:
         self._never: dict[tuple, str | None] = {}
         self.by_name = {s.name: s for s in self.sims}
         self.node_names = {n.name: n for n in scenario.nodes}
+        # the inventory as the scheduler sees it now: a node that failed or is drained stays
+        # listed with schedulable=False until it returns
+        self.nodes = list(scenario.nodes)
+        self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.node_state = {n.name: "up" for n in self.nodes}  # up | drained | failed
+        self._out_since: dict[str, float] = {}  # node -> when it left service
+        self.node_log: list[dict] = []  # the node events carried out (the report's node_events)
+        self.cause_counts: dict[str, int] = {}  # preemptions per cause (scheduler's and node events')
+        self.cause_lost: dict[str, float] = {}  # lost GPU-seconds per cause
+        # GPU capacity in service over time, as (since, GPUs) steps: a node counts while up; while
+        # out, only the GPUs its leaving (releasing) workloads still hold (see docs/simulator.md)
+        self._available: list[tuple[float, float]] = [(0.0, float(sum(n.gpus for n in self.nodes)))]
+        self.available_gpu_seconds = 0.0
         self.now = 0.0
         self.events: list[dict] = []
         self.cycles = 0
@@ -225,13 +257,18 @@ class Engine:
     # -- event queue -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, sw: SimWorkload | None) -> None:
         # at equal times: releases and finishes before submissions, so freed capacity is visible
-        order = {"finish": 0, "release": 0, "submit": 1, "wake": 2}[kind]
+        # then node events (a workload that finished at that moment is not hit by them)
+        order = {"finish": 0, "release": 0, "node": 1, "submit": 2, "wake": 3}[kind]
         self._seq += 1
         heapq.heappush(self._heap, (t, order, self._seq, kind, sw.index if sw else -1, sw.version if sw else 0))
 
+    def _push_node_event(self, i: int, ev: NodeEvent) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (ev.t, 1, self._seq, "node", i, 0))
+
     def _valid(self, item) -> bool:
         _, _, _, kind, idx, version = item
-        if kind == "submit":
+        if kind in ("submit", "node"):
             return True
         sw = self.sims[idx]
         if kind == "finish":
@@ -254,11 +291,43 @@ class Engine:
     def _free(self, sw: SimWorkload, t: float) -> None:
         if sw.run_start is not None:
             self.leaf_gpu_seconds[sw.w.queue] += (t - sw.run_start) * sw.gpu_share
+        out = self._out_since and any(p.node in self._out_since for p in sw.w.placements)
         sw.w.placements = ()
         sw.gpu_share = 0.0
+        if out:
+            self._available_changed(t)
+
+    def _requeue(self, sw: SimWorkload, t: float, reason: str, **extra) -> None:
+        """Stop ``sw`` now and requeue it (keeping its submit time) from its latest checkpoint:
+        what it saved on signal, else its latest periodic checkpoint of this run."""
+        if sw.frozen_progress is not None:
+            kept = sw.frozen_progress
+            lost = 0.0
+        else:
+            done = sw.progress(t)
+            _, kept = sw.last_checkpoint(t)
+            lost = max(0.0, done - kept)
+        sw.lost_seconds += lost
+        lost_gpu = lost * sw.gpu_share
+        self.lost_gpu_seconds += lost_gpu
+        self.cause_counts[reason] = self.cause_counts.get(reason, 0) + 1
+        self.cause_lost[reason] = self.cause_lost.get(reason, 0.0) + lost_gpu
+        self._free(sw, t)
+        sw.state = "pending"
+        sw.w.phase = Phase.PENDING
+        sw.w.started_at = None
+        sw.w.last_checkpoint_at = None
+        sw.progress_base, sw.run_start, sw.frozen_progress = kept, None, None
+        sw.preemptions += 1
+        sw.version += 1
+        self._event(t, "preempt", sw, reason, **extra, lost_seconds=lost)
+        sw.evict = sw.signalled_at = sw.evict_node = None
 
     def _process(self, item) -> None:
         t, _, _, kind, idx, _ = item
+        if kind == "node":
+            self._node_event(t, self.scenario.events[idx])
+            return
         sw = self.sims[idx]
         if kind == "submit":
             w = sw.w
@@ -285,28 +354,69 @@ class Engine:
             self._ended += 1
             self._event(t, "finish", sw, "completed")
         elif kind == "release":
-            if sw.frozen_progress is not None:
-                kept = sw.frozen_progress
-                lost = 0.0
-            else:
-                done = sw.progress(t)
-                _, kept = sw.last_checkpoint(t)
-                lost = max(0.0, done - kept)
-            sw.lost_seconds += lost
-            self.lost_gpu_seconds += lost * sw.gpu_share
-            self._free(sw, t)
             ev = sw.evict
-            sw.state = "pending"
-            sw.w.phase = Phase.PENDING
-            sw.w.started_at = None
-            sw.w.last_checkpoint_at = None
-            sw.progress_base, sw.run_start, sw.frozen_progress = kept, None, None
-            sw.preemptions += 1
-            sw.version += 1
-            self._event(t, "preempt", sw, ev.cause if ev else "preempted", detail=ev.reason if ev else "",
-                        by=ev.by if ev else None, signalled_at=sw.signalled_at, lost_seconds=lost)
-            sw.evict = sw.signalled_at = None
+            extra = {"node": sw.evict_node} if sw.evict_node else {}
+            self._requeue(sw, t, ev.cause if ev else "preempted", detail=ev.reason if ev else "",
+                          by=ev.by if ev else None, signalled_at=sw.signalled_at, **extra)
         # "wake" only ends a min_runtime protection: nothing to change, the cycle will see it
+
+    # -- node events -----------------------------------------------------------------------------
+    def _node_event(self, t: float, ev: NodeEvent) -> None:
+        name, action = ev.node, ev.action
+        state = self.node_state[name]
+        on_node = [sw for sw in self._active.values()
+                   if sw.state in ("running", "releasing") and any(p.node == name for p in sw.w.placements)]
+        hit: list[str] = []
+        if action == "return":
+            if state != "up":
+                self.node_state[name] = "up"
+                del self._out_since[name]
+                self._set_schedulable(name, True)
+        elif action == "fail":
+            if state == "up":
+                self._out_since[name] = t
+                self._set_schedulable(name, False)
+            self.node_state[name] = "failed"
+            for sw in on_node:  # a failure gives no chance to save: each keeps its latest checkpoint
+                extra = {}
+                if sw.state == "releasing" and sw.evict is not None:
+                    extra["interrupted"] = sw.evict.cause  # the eviction under way when it failed
+                self._requeue(sw, t, Cause.NODE_FAILURE.value, detail=f"node {name} failed", by=None,
+                              signalled_at=sw.signalled_at if sw.signalled_at is not None else t, node=name,
+                              **extra)
+                hit.append(sw.name)
+        elif action == "drain":
+            if state == "up":
+                self._out_since[name] = t
+                self._set_schedulable(name, False)
+                self.node_state[name] = "drained"
+            for sw in on_node:
+                if sw.state == "running":  # one already releasing keeps its own eviction
+                    self._apply_evict(Evict(sw.name, Cause.DRAIN.value, f"node {name} drained"), t)
+                    sw.evict_node = name
+                    hit.append(sw.name)
+        self._available_changed(t)
+        self.node_log.append({"t": t, "node": name, "action": action, "workloads": hit})
+
+    def _set_schedulable(self, name: str, schedulable: bool) -> None:
+        i = self._node_index[name]
+        self.nodes[i] = dataclasses.replace(self.nodes[i], schedulable=schedulable)
+
+    def _available_changed(self, t: float) -> None:
+        """Record the GPUs in service from ``t`` on: every node that is up, and on a node that is
+        out the GPU share its leaving workloads still hold."""
+        rate = float(sum(n.gpus for n in self.nodes if n.name not in self._out_since))
+        if self._out_since:
+            for sw in self._active.values():
+                if sw.state in ("running", "releasing"):
+                    for p in sw.w.placements:
+                        if p.node in self._out_since:
+                            rate += len(p.gpus) * p.fraction
+        steps = self._available
+        if steps[-1][0] == t:
+            steps.pop()
+        if not steps or steps[-1][1] != rate:
+            steps.append((t, rate))
 
     def _apply_bind(self, b: Bind, t: float) -> None:
         sw = self.by_name.get(b.workload)
@@ -373,7 +483,7 @@ class Engine:
             if sw.state in ("running", "releasing"):
                 ct, _ = sw.last_checkpoint(t)
                 sw.w.last_checkpoint_at = ct
-        return Snapshot(now=t, nodes=self.scenario.nodes, queues=self.scenario.queues,
+        return Snapshot(now=t, nodes=self.nodes, queues=self.scenario.queues,
                         workloads=[sw.w for sw in self._active.values()], reservations=self.reservations)
 
     def _accumulate_fair(self, t: float) -> None:
@@ -407,7 +517,10 @@ class Engine:
         if result.binds:  # only a bind can break them (evictions keep resources, releases free them)
             self.violations.extend(f"t={t:g}: {v}" for v in self.check_invariants())
         record = CycleRecord(t, result, ms)
-        self.timeline.append({"t": t, "queues": self._queue_state()})
+        entry = {"t": t, "queues": self._queue_state()}
+        if self.scenario.events:
+            entry["capacity_gpu"] = sum(n.gpus for n in self.nodes if n.schedulable)
+        self.timeline.append(entry)
         if self.on_cycle is not None:
             self.on_cycle(self, record)
         return bool(result.binds or result.evictions)
@@ -485,6 +598,8 @@ class Engine:
         until = cfg.until
         for sw in self.sims:
             self._push(sw.w.submit_time, "submit", sw)
+        for i, ev in enumerate(self.scenario.events):
+            self._push_node_event(i, ev)
         k = 0  # cycle index: cycle k runs at k * cfg.cycle
         last_end = 0.0
         while True:
@@ -527,6 +642,10 @@ class Engine:
 
     def _finish_accounting(self) -> None:
         end = self.end_time
+        steps = self._available
+        self.available_gpu_seconds = sum(rate * (min(end, nxt) - since)
+                                         for (since, rate), (nxt, _) in zip(steps, [*steps[1:], (end, 0.0)])
+                                         if since < end)
         for sw in self._active.values():
             if sw.state in ("running", "releasing") and sw.run_start is not None:
                 self.leaf_gpu_seconds[sw.w.queue] += (end - sw.run_start) * sw.gpu_share

@@ -41,7 +41,8 @@ def _timing_stats(values: list[float]) -> dict:
 def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float = 0.0) -> dict:
     sc = engine.scenario
     makespan = engine.end_time
-    capacity = sum(n.gpus for n in sc.nodes)
+    capacity = sum(n.gpus for n in sc.nodes)  # the declared inventory
+    available = engine.available_gpu_seconds  # capacity x makespan, less what node events took out
     queue_seconds = engine._roll_up(engine.leaf_gpu_seconds)
     allocated_seconds = sum(engine.leaf_gpu_seconds.values())
     sims = engine.sims
@@ -108,9 +109,12 @@ def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float 
             "makespan": _r(makespan),
             "gpu_capacity": capacity,
             "gpu_allocated_seconds": _r(allocated_seconds),
-            "gpu_utilization": _r(allocated_seconds / (capacity * makespan), 4) if capacity and makespan > 0 else 0.0,
+            "gpu_available_seconds": _r(available),
+            "gpu_utilization": _r(allocated_seconds / available, 4) if available > 0 else 0.0,
             "preemptions": sum(s.preemptions for s in sims),
+            "preemptions_by_reason": dict(sorted(engine.cause_counts.items())),
             "lost_gpu_seconds": _r(engine.lost_gpu_seconds),
+            "lost_gpu_seconds_by_reason": {k: _r(v) for k, v in sorted(engine.cause_lost.items())},
             "scheduling_cycles": engine.cycles,
             "wait": wait,
             "workloads": len(sims),
@@ -123,6 +127,8 @@ def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float 
         "workloads": workloads,
         "events": events,
     }
+    if sc.events:
+        report["node_events"] = [{**e, "t": _r(e["t"])} for e in engine.node_log]
     if engine.violations:
         report["violations"] = engine.violations[:100]
     if timeline:
@@ -180,11 +186,23 @@ def format_summary(report: dict) -> str:
     if rows:
         lines += _table(["wait", "started", "mean", "p50", "p95", "never started"], rows)
         lines.append("")
+    nodes = report.get("node_events", [])
+    if nodes:
+        lines.append(f"Node events ({len(nodes)}):")
+        for e in nodes[:20]:
+            hit = f": stopped {', '.join(e['workloads'])}" if e["action"] == "fail" and e["workloads"] else (
+                f": asked {', '.join(e['workloads'])} to checkpoint and stop" if e["workloads"] else "")
+            lines.append(f"  {_dur(e['t']):>8}  {e['node']} {e['action']}{hit}")
+        if len(nodes) > 20:
+            lines.append(f"  ... and {len(nodes) - 20} more (see --json)")
+        avail = m["gpu_available_seconds"] / m["makespan"] if m["makespan"] else 0
+        lines.append(f"  GPUs in service: {avail:.2f} on average of {m['gpu_capacity']}")
+        lines.append("")
     pre = [e for e in report["events"] if e["type"] == "preempt"]
     if pre:
         lines.append(f"Preemptions ({len(pre)}):")
         for e in pre[:20]:
-            by = f" for {e['by']}" if e.get("by") else ""
+            by = f" for {e['by']}" if e.get("by") else f" of {e['node']}" if e.get("node") else ""
             lines.append(f"  {_dur(e['t']):>8}  {e['workload']}: {e['reason']}{by}, lost {_dur(e.get('lost_seconds', 0))}")
         if len(pre) > 20:
             lines.append(f"  ... and {len(pre) - 20} more (see --json)")

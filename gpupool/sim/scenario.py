@@ -12,6 +12,9 @@ Scenario-only extensions (compatible additions to the public format):
   nodes for gang placement, default ``rack``);
 * workload ``count: N`` expands one entry into ``NAME-0 .. NAME-(N-1)``, and ``submit_every: S``
   staggers their submissions (``submit_at + k * S``).
+
+``cluster.events`` (the spec's "Nodes that fail, drain and return") is parsed here into
+:class:`NodeEvent` objects; the engine carries them out.
 """
 from __future__ import annotations
 
@@ -25,11 +28,15 @@ import yaml
 
 from gpupool.scheduler.model import NodeSpec, QueueSpec, Workload
 from gpupool.scheduler.placement import POLICIES
+from gpupool.scheduler.units import parse_bytes
 from gpupool.scheduler.spec import SpecError, parse_nodes, parse_queues, parse_workload
 
 TOP_LEVEL = ("name", "description", "config", "cluster", "queues", "workloads")
-CONFIG_FIELDS = ("cycle", "preemption_grace", "min_runtime", "until", "placement", "topology_key")
-CLUSTER_FIELDS = ("nodes",)
+CONFIG_FIELDS = ("cycle", "preemption_grace", "min_runtime", "until", "placement", "topology_key",
+                 "gpu_memory_reserve")
+CLUSTER_FIELDS = ("nodes", "events")
+NODE_ACTIONS = ("fail", "drain", "return")
+EVENT_FIELDS = ("t", "node", "action")
 WORKLOAD_EXTRA = ("count", "submit_every")
 
 
@@ -41,6 +48,8 @@ class SimConfig:
     until: float | None = None
     placement: str = "default"
     topology_key: str = "rack"
+    gpu_memory_reserve: float = 0.0  # fraction of each GPU's memory the driver keeps
+    gpu_memory_reserve_min: int = 0  # ... at least this many bytes
 
 
 @dataclass
@@ -54,6 +63,16 @@ class WorkloadEntry:
     path: str  # where it came from in the file, e.g. "workloads[3]" (for messages)
 
 
+@dataclass(frozen=True)
+class NodeEvent:
+    """A node of the inventory fails, is drained or returns at ``t`` (``cluster.events[i]``)."""
+
+    t: float
+    node: str
+    action: str  # one of NODE_ACTIONS
+    path: str  # "cluster.events[2]" (for messages)
+
+
 @dataclass
 class Scenario:
     name: str
@@ -64,6 +83,7 @@ class Scenario:
     description: str = ""
     source: str = ""
     leaves: list[str] = field(default_factory=list)
+    events: list[NodeEvent] = field(default_factory=list)  # in time order (file order at equal times)
 
 
 def _number(value: Any, path: str, *, minimum: float, strict: bool) -> float:
@@ -100,7 +120,51 @@ def parse_config(value: Any, path: str = "config") -> SimConfig:
         if not isinstance(value["topology_key"], str) or not value["topology_key"]:
             raise SpecError(f"{path}.topology_key", "must be a non-empty string (a node label key)")
         kw["topology_key"] = value["topology_key"]
+    if value.get("gpu_memory_reserve") is not None:  # {fraction: 0.03, min: 256Mi}
+        r, rp = value["gpu_memory_reserve"], f"{path}.gpu_memory_reserve"
+        if not isinstance(r, dict) or set(r) - {"fraction", "min"}:
+            raise SpecError(rp, "must be a mapping with fraction (0 to 1) and/or min (bytes, e.g. 256Mi)")
+        if r.get("fraction") is not None:
+            kw["gpu_memory_reserve"] = _number(r["fraction"], f"{rp}.fraction", minimum=0, strict=False)
+            if kw["gpu_memory_reserve"] >= 1:
+                raise SpecError(f"{rp}.fraction", "must be below 1")
+        if r.get("min") is not None:
+            try:
+                kw["gpu_memory_reserve_min"] = parse_bytes(r["min"])
+            except (TypeError, ValueError) as e:
+                raise SpecError(f"{rp}.min", str(e)) from None
     return SimConfig(**kw)
+
+
+def parse_events(value: Any, node_names: list[str], path: str = "cluster.events") -> list[NodeEvent]:
+    """``cluster.events``: a list of ``{t, node, action}``; returned sorted by time (stable)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError(path, "must be a list of {t, node, action}")
+    known = set(node_names)
+    out = []
+    for i, entry in enumerate(value):
+        p = f"{path}[{i}]"
+        if not isinstance(entry, dict):
+            raise SpecError(p, "must be a mapping with t, node and action")
+        for key in entry:
+            if key not in EVENT_FIELDS:
+                raise SpecError(f"{p}.{key}", f"unknown field (allowed: {', '.join(EVENT_FIELDS)})")
+        for key in EVENT_FIELDS:
+            if entry.get(key) is None:
+                raise SpecError(f"{p}.{key}", "is required")
+        t = _number(entry["t"], f"{p}.t", minimum=0, strict=False)
+        node = entry["node"]
+        if not isinstance(node, str):
+            raise SpecError(f"{p}.node", "must be a node name (a string)")
+        if node not in known:
+            raise SpecError(f"{p}.node", f"no node {node!r}")
+        action = entry["action"]
+        if action not in NODE_ACTIONS:
+            raise SpecError(f"{p}.action", f"must be one of {', '.join(NODE_ACTIONS)} (got {action!r})")
+        out.append(NodeEvent(t, node, action, p))
+    return sorted(out, key=lambda e: e.t)
 
 
 def _expand_workload(entry: Any, path: str) -> list[dict]:
@@ -156,12 +220,13 @@ def parse_scenario(data: Any, name: str = "scenario", source: str = "") -> Scena
         raise SpecError("cluster", "must be a mapping with nodes")
     for key in cluster:
         if key not in CLUSTER_FIELDS:
-            raise SpecError(f"cluster.{key}", "unknown field (allowed: nodes)")
+            raise SpecError(f"cluster.{key}", f"unknown field (allowed: {', '.join(CLUSTER_FIELDS)})")
     if "nodes" not in cluster:
         raise SpecError("cluster.nodes", "is required")
     nodes = parse_nodes(cluster["nodes"], "cluster.nodes")
     if not nodes:
         raise SpecError("cluster.nodes", "must list at least one node")
+    events = parse_events(cluster.get("events"), [n.name for n in nodes])
 
     queues = parse_queues(data["queues"], "queues")
     if not queues:
@@ -190,7 +255,7 @@ def parse_scenario(data: Any, name: str = "scenario", source: str = "") -> Scena
             entries.append(WorkloadEntry(workload=w, duration=float(e["duration"]),
                                          checkpoint_every=float(ce) if ce is not None else None, path=path))
     return Scenario(name=sname, config=config, nodes=nodes, queues=queues, workloads=entries,
-                    description=desc, source=source, leaves=leaves)
+                    description=desc, source=source, leaves=leaves, events=events)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -35,9 +35,10 @@ from typing import Any
 
 from sqlalchemy import select
 
+from ...contract import decode_allocation
 from ...gcpause import paused_gc
 from ...scheduler import Scheduler
-from ...scheduler.model import (CycleResult, NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, SchedulerConfig,
+from ...scheduler.model import (CycleResult, NodeSpec, Phase, QueueSpec, Reservation, SchedulerConfig,
                                 Snapshot, Workload as SWorkload)
 from ...scheduler.reasons import Code, Pending
 from ..domain import lifecycle
@@ -183,8 +184,7 @@ class CycleWorker:
         nodes = {n.name: n for n in nodes_list}
         for row in holding:
             queue = row.queue
-            placements = tuple(PodPlacement(pod=int(p.get("pod", 0)), node=p["node"], gpus=tuple(p.get("gpus", ())),
-                                            fraction=float(p.get("fraction", 1.0))) for p in row.allocation)
+            placements = decode_allocation(row.allocation)
             if self.config.live_nodes:
                 # A live inventory counts free GPUs (others' pods subtracted): a run placed on GPU 3
                 # of a node that now shows 3 keeps counting (the node is widened for this cycle),

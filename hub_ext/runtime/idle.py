@@ -10,12 +10,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ...contract import StopCause
+from ...contract import StopCause, decode_allocation
+from ...protocol import write_warning
 from ..domain import lifecycle
 from ..domain.idle_rules import REQUEUE, SUSPEND, Rule, clock_words, human, suspend, workload_class
 from ..store import samples
 from ..store import tables as D
-from . import jobfiles
 from .periodic import Periodic
 
 log = logging.getLogger("gpupool.idle")
@@ -45,7 +45,7 @@ class IdleChecker(Periodic):
         """Whether every window of the last ``after`` seconds had readings of its GPUs, all 0 %."""
         n = max(1, math.ceil(after / self.window))
         start = now - n * self.window
-        gpus = [(p["node"], int(g)) for p in row.allocation or [] for g in p.get("gpus", [])]
+        gpus = [(p.node, g) for p in decode_allocation(row.allocation) for g in p.gpus]
         if not gpus:
             return False
         c = samples.TABLE.c
@@ -112,7 +112,7 @@ class IdleChecker(Periodic):
         log.info("%s %s", row.public_id, msg)
         if row.type == D.JOB:
             try:
-                jobfiles.write_warning(self.loop.job_dir(row), msg, row.started_at + limit.after)
+                write_warning(self.loop.job_dir(row).stop_file, msg, row.started_at + limit.after)
             except OSError as e:
                 log.warning("could not write the run time warning of %s: %s", row.public_id, e)
 

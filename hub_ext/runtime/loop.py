@@ -36,7 +36,8 @@ from typing import Any, Iterable
 from sqlalchemy import delete, event, insert, or_, select
 
 from ...backends.base import EXITED, LOST, RUNNING as RUN_ALIVE, JobBackend, JobSpec, RunState
-from ...contract import StopCause, format_gpus
+from ...contract import StopCause, encode_allocation, format_gpus
+from ...protocol import JobDir, latest_mtime, read_latest
 from ...scheduler.model import CycleResult, SchedulerConfig
 from ...scheduler.reasons import Pending
 from ...scheduler.units import parse_bytes
@@ -115,7 +116,7 @@ class SchedulerLoop:
     def instance(self) -> str:
         return self.specs.instance
 
-    def job_dir(self, row: D.Workload) -> str:
+    def job_dir(self, row: D.Workload) -> JobDir:
         return self.specs.job_dir(row)
 
     def workdir(self, user: str) -> str:
@@ -338,8 +339,8 @@ class SchedulerLoop:
                 if state.state != RUN_ALIVE:
                     self._release(s.get(D.Workload, r.id), state, now)
                     continue
-                jdir = jobfiles.job_dir(self.pool.job_root, D.public_id(r.type, r.id))
-                if jobfiles.checkpoint_mtime(jdir) not in (None, r.last_checkpoint_at):
+                files = JobDir.of(self.pool.job_root, D.public_id(r.type, r.id))
+                if latest_mtime(files.checkpoints) not in (None, r.last_checkpoint_at):
                     self._note_checkpoint(s.get(D.Workload, r.id))
                 if r.stop_requested_at is not None:
                     if r.term_sent_at is None and now - r.stop_requested_at >= grace:
@@ -352,19 +353,19 @@ class SchedulerLoop:
             self.state.memory_warnings = await self.memory.check(s, [s.get(D.Workload, i) for i in fractional_ids], now)
 
     def _note_checkpoint(self, row: D.Workload) -> None:
-        jdir = self.job_dir(row)
-        mtime = jobfiles.checkpoint_mtime(jdir)
+        checkpoints = self.job_dir(row).checkpoints
+        mtime = latest_mtime(checkpoints)
         if mtime is not None and row.last_checkpoint_at != mtime:
             row.last_checkpoint_at = mtime
-            row.checkpoint_path = jobfiles.latest_checkpoint(jdir)
+            row.checkpoint_path = read_latest(checkpoints)
 
     def _release(self, row: D.Workload, state: RunState, now: float) -> None:
         """A run ended (or is gone): free its GPUs; the lifecycle decides what the job becomes."""
         self._note_checkpoint(row)
-        jdir = self.job_dir(row)
+        files = self.job_dir(row)
         was = row.stop_cause
         status = lifecycle.released(row, state, now, self.pool.gang_restarts,
-                                    error_line=lambda rank: jobfiles.error_line(jobfiles.log(jdir, rank)))
+                                    error_line=lambda rank: jobfiles.error_line(files.worker_log(rank)))
         if self.metrics is None or status == D.QUEUED and was != StopCause.PREEMPT:
             return
         if status == D.QUEUED:
@@ -401,8 +402,7 @@ class SchedulerLoop:
         row = _load(s, wid)
         if row is None or row.status != D.QUEUED or row.allocation is not None:
             return  # cancelled or deleted since the snapshot
-        allocation = [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus), "fraction": p.fraction}
-                      for p in bind.placements]
+        allocation = encode_allocation(bind.placements)
         if row.type == D.WORKSPACE:
             lifecycle.bind(row, allocation, bind.reason, now, env=self.gpu_env(allocation, row.gpu_memory))
             s.commit()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contract import StopCause, format_bytes
+from ...contract import StopCause, decode_allocation, format_bytes
 from ..domain import lifecycle
 from ..store import tables as D
 
 
 def fractional(allocation: list[dict] | None) -> bool:
-    return any(p.get("gpus") and float(p.get("fraction", 1)) < 1 for p in allocation or ())
+    return any(p.gpus and p.fraction < 1 for p in decode_allocation(allocation))
 
 
 class MemoryEnforcer:
@@ -27,24 +27,24 @@ class MemoryEnforcer:
 
     async def check(self, s: Any, rows: list[Any], now: float) -> dict[int, str]:
         """Act on the jobs over their share; returns job id -> the warning (the loop's state)."""
-        by_gpu: dict[int, dict[int, list]] = {}  # GPU index -> job id -> [row, its workers on that GPU]
+        by_gpu: dict[int, dict[int, list]] = {}  # GPU index -> job id -> [row, its first placement, its workers there]
         for row in rows:
             if row.type != D.JOB or not row.allocation or row.handle is None or row.stop_requested_at:
                 continue
-            for p in row.allocation:  # every worker's share (a gang's workers may share a GPU)
-                if p.get("gpus") and float(p.get("fraction", 1)) < 1:
-                    by_gpu.setdefault(p["gpus"][0], {}).setdefault(row.id, [row, 0])[1] += 1
+            placements = decode_allocation(row.allocation)
+            for p in placements:  # every worker's share (a gang's workers may share a GPU)
+                if p.gpus and p.fraction < 1:
+                    by_gpu.setdefault(p.gpus[0], {}).setdefault(row.id, [row, placements[0], 0])[2] += 1
         warnings: dict[int, str] = {}
         for index, jobs in by_gpu.items():
             used_by_pid = self.nvml.process_memory(index)
             if not used_by_pid:
                 continue
-            for row, workers in jobs.values():
+            for row, first, workers in jobs.values():
                 pids = self.backend.pids(row.handle)
                 used = sum(b for pid, b in used_by_pid.items() if pid in pids)
-                node = self.node(row.allocation[0]["node"])
-                share = workers * (row.gpu_memory or (node.gpu_memory * float(row.allocation[0]["fraction"])
-                                                      if node else 0))
+                node = self.node(first.node)
+                share = workers * (row.gpu_memory or (node.gpu_memory * first.fraction if node else 0))
                 if share and used > share * 1.02:
                     msg = (f"using {format_bytes(used)} of GPU {index}'s memory, more than its share of "
                            f"{format_bytes(share)}")

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import JSON, Float, Index, Integer, String, Text, event, inspect, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from ...contract import decode_allocation
 from ...scheduler.fairshare import QueueTree
 from . import tables as D
 
@@ -96,13 +97,12 @@ class Ledger:
         models = {n.name: n.gpu_model for n in self.settings.nodes}
         path = self.queue_path(row.queue)
         out = []
-        for p in row.allocation or []:
-            indices = [int(g) for g in p.get("gpus", [])]
-            fraction = float(p.get("fraction", 1.0))
+        for p in decode_allocation(row.allocation):
+            indices, fraction = list(p.gpus), p.fraction
             out.append(dict(workload_id=row.id, workload=D.public_id(row.type, row.id), type=row.type, user=row.user,
                             queue=row.queue, queue_path="/".join(path), department=path[0], kind=row.kind,
-                            attempt=row.attempt or 0, pod=int(p.get("pod", 0)), node=p.get("node", ""),
-                            gpu_indices=indices, gpu_model=models.get(p.get("node", ""), "") or "",
+                            attempt=row.attempt or 0, pod=p.pod, node=p.node,
+                            gpu_indices=indices, gpu_model=models.get(p.node, "") or "",
                             fraction=fraction, gpus=len(indices) * fraction, start=start, end=None))
         return out
 

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import Float, Index, Integer, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from ...contract import decode_allocation
 from .tables import Base, Workload
 
 
@@ -33,7 +34,7 @@ def holders(s: Any) -> dict[tuple[str, int], list[tuple[str, float]]]:
     out: dict[tuple[str, int], list[tuple[str, float]]] = {}
     for queue, allocation in s.execute(select(Workload.queue, Workload.allocation)
                                        .where(Workload.allocation.is_not(None))):
-        for p in allocation or []:
-            for g in p.get("gpus", []):
-                out.setdefault((p["node"], int(g)), []).append((queue, float(p.get("fraction", 1.0))))
+        for p in decode_allocation(allocation):
+            for g in p.gpus:
+                out.setdefault((p.node, g), []).append((queue, p.fraction))
     return out

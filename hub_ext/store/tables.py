@@ -16,7 +16,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
 # statuses, workload types and public ids are the API's (gpupool/contract.py)
 from ...contract import (ACTIVE, CANCELLED, ENDED, FAILED, JOB, PREEMPTING, QUEUED, RUNNING, STARTING,  # noqa: F401
                          STATUSES, SUCCEEDED, TRAIN, WORKSPACE, parse_public_id, public_id)
-from ...scheduler.model import PodPlacement, Reservation
+from ...contract import decode_allocation, encode_allocation
+from ...scheduler.model import Reservation
 from ...scheduler.reasons import Code
 
 NullableJSON = JSON(none_as_null=True)  # Python None is SQL NULL (not the JSON text 'null')
@@ -103,8 +104,7 @@ class ReservationRow(Base):
 def reservation_rows(reservations: list[Any]) -> list[dict]:
     """``Reservation`` objects as rows of :class:`ReservationRow`."""
     return [{"workload": r.workload, "code": r.code.value, "since": r.since, "bound_at": r.bound_at,
-             "placements": [{"pod": p.pod, "node": p.node, "gpus": [int(g) for g in p.gpus], "fraction": p.fraction}
-                            for p in r.placements],
+             "placements": encode_allocation(r.placements),
              "detail": {k: v.item() if hasattr(v, "item") else v for k, v in r.detail.items()}}
             for r in reservations]
 
@@ -114,8 +114,7 @@ def reservations_from_rows(rows: list[Any]) -> list[Any]:
     get = (lambda r, k: r[k]) if rows and isinstance(rows[0], dict) else getattr
     return [Reservation(workload=get(r, "workload"), code=Code(get(r, "code")), since=get(r, "since"),
                         bound_at=get(r, "bound_at"), detail=dict(get(r, "detail") or {}),
-                        placements=tuple(PodPlacement(pod=int(p["pod"]), node=p["node"], gpus=tuple(p["gpus"]),
-                                                      fraction=float(p["fraction"])) for p in get(r, "placements")))
+                        placements=decode_allocation(get(r, "placements")))
             for r in rows]
 
 

@@ -7,9 +7,9 @@ import time
 from sqlalchemy import select
 
 from ...contract import StopCause
+from ...protocol import JobDir
 from ..domain import lifecycle
 from ..domain.errors import APIError
-from ..runtime import jobfiles
 from ..store import tables as D
 from . import schemas, views
 from .base import BaseHandler
@@ -83,7 +83,7 @@ class JobLogHandler(BaseHandler):
             row = self.load_job(s, job_id)
         offset = self.query(schemas.LogQuery).offset
         rank = self.rank(row)
-        path = jobfiles.log(jobfiles.job_dir(svc.settings.pool.job_root, row.public_id), rank)
+        path = JobDir.of(svc.settings.pool.job_root, row.public_id).worker_log(rank)
         data = b""
         try:
             with open(path, "rb") as f:
@@ -106,7 +106,7 @@ class JobOutputHandler(BaseHandler):
         if row.script or row.command:
             raise APIError(404, f"{row.public_id} is a {'script' if row.script else 'command'} job: it writes no output "
                                 f"notebook (its output is in the log: jobs/{row.public_id}/log)")
-        path = jobfiles.output(jobfiles.job_dir(svc.settings.pool.job_root, row.public_id), self.rank(row))
+        path = JobDir.of(svc.settings.pool.job_root, row.public_id).worker_output(self.rank(row))
         try:
             with open(path, "rb") as f:
                 data = f.read()

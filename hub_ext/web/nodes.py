@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from sqlalchemy import select
 
-from ...contract import NODE_ACTIONS
+from ...contract import NODE_ACTIONS, decode_allocation
 from ..domain import nodes as N
 from ..domain.errors import APIError
 from ..store import tables as D
@@ -23,12 +23,11 @@ def node_views(svc: Any, only: Iterable[str] | None = None) -> list[dict]:
     per_gpu: dict[tuple[str, int], list[dict]] = {}
     held: set[str] = set()
     for row in rows:
-        for p in row.allocation or []:
-            held.add(p["node"])
-            for g in p.get("gpus", []):
-                per_gpu.setdefault((p["node"], g), []).append(
-                    {"workload": row.public_id, "kind": row.kind, "user": row.user,
-                     "fraction": p.get("fraction", 1.0)})
+        for p in decode_allocation(row.allocation):
+            held.add(p.node)
+            for g in p.gpus:
+                per_gpu.setdefault((p.node, g), []).append(
+                    {"workload": row.public_id, "kind": row.kind, "user": row.user, "fraction": p.fraction})
     readings = svc.gpu_readings()
     states = svc.loop.node_states
     wanted = set(only) if only is not None else None

@@ -48,12 +48,12 @@ def job(state: Any, row: Any, metrics: dict | None = None) -> dict:
 
 def workers(row: Any) -> list[dict]:
     """The workers of a job (one for a plain job): rank, where it runs, its log (``?rank=``)."""
-    placed = {int(p.get("pod", 0)): p for p in (row.allocation or [])}
+    placed = {p.pod: p for p in C.decode_allocation(row.allocation)}
     out = []
     for rank in range(int(row.pods or 1)):
         p = placed.get(rank)
-        out.append({"rank": rank, "node": p["node"] if p else None, "gpus": list(p.get("gpus", [])) if p else [],
-                    "fraction": p.get("fraction", 1.0) if p else None,
+        out.append({"rank": rank, "node": p.node if p else None, "gpus": list(p.gpus) if p else [],
+                    "fraction": p.fraction if p else None,
                     "log": f"jobs/{row.public_id}/log" + (f"?rank={rank}" if rank else "")})
     return out
 

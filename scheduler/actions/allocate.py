@@ -156,6 +156,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     dead = ctx.failed_shapes
     dead_raw = ctx.failed_requests
     behind = ctx.behind  # queue -> priority of a waiting workload that may preempt in its queue
+    deferred_top: dict[str, int] = {}  # queue -> highest priority it set aside for the lending pass
     lowest = ctx.cache.get("lowest-running")
     if lowest is None:
         lowest = ctx.cache["lowest-running"] = {}
@@ -222,8 +223,11 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                 over = beyond.get(c.amount[0])
                 if over is None:
                     over = beyond[c.amount[0]] = any(ctx.over(x, c.amount[0]) > EPS for x in path)
-                if over:
+                # a lower-priority workload of a queue whose higher-priority one was set aside waits
+                # for the lending pass too: binding first, it would be preempted by that one next
+                if over or w.priority < deferred_top.get(q, w.priority):
                     deferred.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
+                    deferred_top[q] = max(deferred_top.get(q, w.priority), w.priority)
                     continue
             shape = c.shape
             if shape not in dead:

@@ -1,8 +1,9 @@
 """preempt: within a queue, a higher-priority workload preempts lower-priority preemptible ones.
 
 Not in a queue above its fair share while reclaim is under way (another queue below its fair
-share waits, or reclaimed this cycle): the swap would start a workload on a loan that is being
-recalled, and it would be preempted again at once.
+share waits, or reclaimed this cycle), nor a swap that would take its queue above its fair share
+then (a preemptor larger than its victims takes idle capacity too): the swap would start a
+workload on a loan that is being recalled, and it would be preempted again at once.
 
 At the queue's limit too: the victims free the headroom the preemptor needs, so a plan must give
 back at least what the preemptor would take beyond the limit.
@@ -81,6 +82,13 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             continue
         cands = [v for v in by_queue[w.queue] if v.priority < w.priority and v.id not in ctx.evicted]
         found = plan(ctx, c, cands, Budget(), need_freed) if cands else None
+        if found is not None and pressure:
+            # a swap that takes its queue above its fair share (the preemptor is larger than its
+            # victims, the rest idle) waits while reclaim is under way: the rest is another
+            # queue's, and it would be reclaimed at once
+            gain = c.amount[0] - sum(ctx.amounts[v.id][0] for v in found[0])
+            if ctx.over(w.queue, gain) > EPS:
+                found = None
         if found is None and cands and c.code != Code.LIMIT and _combined(ctx, c, cands):
             continue
         if found is None:

@@ -35,17 +35,32 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             continue
         _above_share(ctx, q, lst, shares)  # at or above its fair share: nothing to reclaim for q
     planned: set[int] = set()  # candidates taken out of the list (a plan in motion)
+    smallest: dict[str, float] = {}  # the smallest GPU request of each queue's candidates
+    for c in todo:
+        if not c.quota_bound and c.amount[0] > 0:
+            q = c.w.queue
+            smallest[q] = min(smallest.get(q, c.amount[0]), c.amount[0])
+    overshot: set[str] = set()  # queues that tried a workload larger than the gap to their share
     for c in todo:
         w = c.w
-        room = headroom[w.queue]
+        q = w.queue
+        room = headroom[q]
         amt = c.amount[0]
         if c.quota_bound or amt <= 0 or room <= EPS:
             # quota-bound, or its queue already holds its fair share
             if room <= EPS:
-                _above_share(ctx, w.queue, [c], shares)
+                _above_share(ctx, q, [c], shares)
             continue
+        if amt > room + EPS:
+            # larger than the gap to its fair share: a queue below its guarantee may still run a
+            # workload of the smallest size it asks for (once a cycle; the budget judges the move)
+            if (q in overshot or amt > smallest[q] + EPS
+                    or ctx.effective(q)[0] + ctx.reserved[q] >= ctx.guar[q] - EPS):
+                _above_share(ctx, q, [c], shares)
+                continue
+            overshot.add(q)
         if pipeline(ctx, c):
-            headroom[w.queue] = room - amt
+            headroom[q] = room - amt
             planned.add(id(c))
             continue
         key = (c.shape, w.queue)
