@@ -42,7 +42,7 @@ from ...scheduler.reasons import Pending
 from ..domain import lifecycle, tokens
 from ..store import ledger
 from ..store import tables as D
-from . import jobfiles
+from . import attempts, jobfiles
 from .cycle_worker import Decider, QueueView, WorkerConfig
 from .jobspec import JobSpecs
 from .memory import MemoryEnforcer, fractional
@@ -226,7 +226,7 @@ class SchedulerLoop:
                         self._release(row, state, time.time())
                     else:
                         log.info("%s vanished while the service was down; requeued", row.public_id)
-                        lifecycle.vanished(row)
+                        lifecycle.vanished(row, time.time())
                 opened, closed = self.ledger.reconcile(s)
                 if opened or closed:
                     log.info("usage ledger: opened %d and closed %d records to match the allocations", opened, closed)
@@ -322,7 +322,7 @@ class SchedulerLoop:
                     tick = time.perf_counter()
                 if r.type == D.WORKSPACE:
                     if r.stop_requested_at is not None and now - r.stop_requested_at >= grace:
-                        lifecycle.workspace_released(s.get(D.Workload, r.id))
+                        lifecycle.workspace_released(s.get(D.Workload, r.id), now)
                     continue
                 if r.handle is None:
                     continue  # being started right now (cannot happen across restarts: recover() ran)
@@ -358,7 +358,10 @@ class SchedulerLoop:
         jdir = self.job_dir(row)
         was = row.stop_cause
         status = lifecycle.released(row, state, now, self.pool.gang_restarts,
-                                    error_line=lambda rank: jobfiles.error_line(jobfiles.log(jdir, rank)))
+                                    error_line=lambda rank: jobfiles.error_line(jobfiles.log(jdir, rank)),
+                                    before_code=state.state == EXITED and bool(state.exit_code)
+                                    and attempts.died_before_code(row, jdir, state.rank),
+                                    startup_retries=self.pool.startup_retries)
         if self.metrics is None or status == D.QUEUED and was != StopCause.PREEMPT:
             return
         if status == D.QUEUED:
@@ -402,7 +405,8 @@ class SchedulerLoop:
             s.commit()
             return
         token, token_hash = tokens.mint()
-        lifecycle.bind(row, allocation, bind.reason, now, token_hash=token_hash)
+        lifecycle.bind(row, allocation, bind.reason, now, token_hash=token_hash,
+                       resumed_from=attempts.resume_point(self.job_dir(row)))
         s.commit()  # write-ahead: the allocation is on disk before anything runs
         try:
             spec = self.job_spec(row, token)
