@@ -30,6 +30,8 @@ from gpupool import checkpoint
 rank = int(os.environ["RANK"])
 start = (checkpoint.load(default={"step": 0}) or {"step": 0})["step"]
 print(f"rank {rank} attempt {os.environ['GPUPOOL_ATTEMPT']} starts at step {start}", flush=True)
+with open(f"token-{os.environ['GPUPOOL_ATTEMPT']}", "w") as f:
+    f.write(os.environ["GPUPOOL_API_TOKEN"])
 for step in range(start, int(sys.argv[1])):
     time.sleep(0.25)
     if rank == 0:
@@ -38,6 +40,27 @@ for step in range(start, int(sys.argv[1])):
         print(f"rank {rank} asked to stop at step {step + 1}", flush=True)
         sys.exit(0)
 print(f"rank {rank} done", flush=True)
+"""
+
+# a job that uses its token while it runs (reads its job, posts a metric), keeps it in a file, and
+# then succeeds, fails or waits to be cancelled
+PROBE = """
+import json, os, sys, time, urllib.request
+api, token, me = os.environ["GPUPOOL_API_URL"], os.environ["GPUPOOL_API_TOKEN"], os.environ["GPUPOOL_JOB_ID"]
+def call(method, path, body=None):
+    req = urllib.request.Request(api.rstrip("/") + "/" + path, method=method, headers={
+        "Authorization": "token " + token, "Content-Type": "application/json"},
+        data=json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+print("while running:", call("GET", "jobs/" + me), call("POST", f"jobs/{me}/metrics", {"name": "x", "value": 1}),
+      flush=True)
+with open(f"token-{me}", "w") as f:
+    f.write(token)
+if sys.argv[1] == "fail":
+    sys.exit(3)
+if sys.argv[1] == "wait":
+    time.sleep(120)
 """
 
 # a kernel that dies as it starts, the first time only (or always, with "always" in its argv)
@@ -57,6 +80,7 @@ def hub(tmp_path_factory):
                                                          "startup_retries": 1})
     with h:
         (h.home("bob") / "train.py").write_text(TRAIN)
+        (h.home("alice") / "probe.py").write_text(PROBE)
         for name, extra in (("flaky", []), ("dead", ["always"])):
             spec = h.home("alice") / ".local" / "share" / "jupyter" / "kernels" / name
             spec.mkdir(parents=True)
@@ -128,6 +152,9 @@ def test_a_preempted_gang_keeps_its_attempts_and_every_view_shows_them(hub):
     html = render.job_html(job)
     assert "resumed x1" in html and 'data-attempt="1"' in html and 'data-attempt="2"' in html
     assert f"ckpt-{step:06d}.pkl (step {step})" in html and "preempted" in html
+    # the preempted run's job token was revoked; the running one's works
+    tokens = [(hub.home("bob") / f"token-{n}").read_text() for n in (1, 2)]
+    assert [hub.api("GET", f"jobs/{gang}", t).status_code for t in tokens] == [401, 200]
     assert "resumed x1" in render.jobs_html([job])
     page = dashboard_page(hub, "bob")
     assert re.search(rf"{gang} train <span class=\"marker\" title=\"attempt 1: requeued after preemption [^\"]*\">"
@@ -169,3 +196,23 @@ def test_a_kernel_that_dies_before_the_code_runs_is_retried_with_the_cause_in_it
     job = hub.api("POST", "jobs", alice, json={"notebook_content": notebook("raise ValueError('mine')")}).json()
     job = hub.wait_job(alice, job["id"], {"succeeded", "failed"}, 120)
     assert job["status"] == "failed" and job["attempts"] == 1 and job["history"][0]["outcome"] == "failed", job
+
+
+def test_a_job_token_is_revoked_when_its_run_ends(hub):
+    """After success, failure and cancel (a preemption: above) the run's token reads nothing and
+    posts no metric: 401."""
+    alice = hub.token("alice")
+    ids = {mode: hub.api("POST", "jobs", alice, json={"script": "probe.py", "args": [mode]}).json()["id"]
+           for mode in ("ok", "fail", "wait")}
+    token_file = hub.home("alice") / f"token-{ids['wait']}"
+    hub.wait_for(token_file.exists, 60, message="the job to cancel never ran")
+    assert hub.api("DELETE", f"jobs/{ids['wait']}", alice).status_code == 200
+    for mode, status in (("ok", "succeeded"), ("fail", "failed"), ("wait", "cancelled")):
+        job = hub.wait_job(alice, ids[mode], {status}, 90)
+        hub.wait_for(lambda: hub.api("GET", f"jobs/{ids[mode]}", alice).json()["allocation"] == [], 30)
+        log = hub.api("GET", f"jobs/{job['id']}/log", alice).text
+        assert "while running: 200 201" in log, log
+        token = (hub.home("alice") / f"token-{job['id']}").read_text()
+        assert hub.api("GET", f"jobs/{job['id']}", token).status_code == 401, mode
+        r = hub.api("POST", f"jobs/{job['id']}/metrics", token, json={"name": "x", "value": 2})
+        assert r.status_code == 401 and "job token" in r.json()["message"], (mode, r.text)

@@ -39,6 +39,7 @@ def test_a_job_from_submission_to_success():
     assert L.started(row, {"pid": 1}, "fits") and row.status == C.RUNNING
     assert L.released(row, RunState(EXITED, 0, "exit 0"), 20.0, gang_restarts=3) == C.SUCCEEDED
     assert row.allocation is None and row.finished_at == 20.0 and row.reason == "succeeded: the notebook ran to the end"
+    assert row.token_hash is None  # the run's job token is revoked with its end
     with pytest.raises(L.IllegalTransition, match="succeeded -> queued"):
         L.vanished(row, 30.0)
 
@@ -77,6 +78,7 @@ def test_every_attempt_is_kept_in_the_history():
     first = row.history
     L.request_stop(row, StopCause.PREEMPT, "queue vision reclaims its GPUs", 20.0, grace=30)
     assert L.released(row, RunState(EXITED, 0, "exit 0"), 25.0, 3) == C.QUEUED and row.exit_code == 0
+    assert row.token_hash is None  # a preempted run's token too
     assert first[0]["ended_at"] is None  # a new list each time: the stored JSON column sees each change
     (a,) = row.history
     assert (a["attempt"], a["started_at"], a["ended_at"], a["outcome"], a["stop_cause"], a["exit_code"]) == \

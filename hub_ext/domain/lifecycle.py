@@ -72,6 +72,13 @@ def _say(row: Any, reason: str) -> None:
     row.reason = reason
 
 
+def _run_gone(row: Any) -> None:
+    """The run holds nothing any more, and its job token is revoked (a new attempt gets a new one)."""
+    row.allocation = None
+    row.handle = None
+    row.token_hash = None
+
+
 def _clear_stop(row: Any) -> None:
     row.stop_requested_at = row.term_sent_at = None
     row.stop_cause = row.stop_reason = None
@@ -128,7 +135,7 @@ def started(row: Any, handle: Any, why: str) -> bool:
 
 
 def start_failed(row: Any, error: Exception | str, now: float) -> None:
-    row.allocation = None
+    _run_gone(row)
     row.finished_at = now
     _move(row, D.FAILED, f"failed to start: {error}")
     _close_attempt(row, C.FAILED, now)
@@ -143,8 +150,7 @@ def readopted(row: Any, handle: Any) -> None:
 
 def vanished(row: Any, now: float) -> None:
     """After a restart of the service: its run is gone without an exit status."""
-    row.allocation = None
-    row.handle = None
+    _run_gone(row)
     row.restarts += 1
     _move(row, D.QUEUED, "requeued: its process was gone when the gpupool service restarted; "
                          "it resumes from its latest checkpoint")
@@ -189,8 +195,7 @@ def released(row: Any, state: Any, now: float, gang_restarts: int,
     telling line of a worker's log; ``before_code``: the run failed before any of the user's code
     ran (an infrastructure failure, retried up to ``startup_retries`` times)."""
     cause, why = row.stop_cause, row.stop_reason or ""
-    row.allocation = None
-    row.handle = None
+    _run_gone(row)
     row.exit_code = state.exit_code
     _clear_stop(row)
     outcome = _released(row, cause, why, state, now, gang_restarts, error_line, before_code, startup_retries)
