@@ -124,3 +124,29 @@ def test_a_second_hub_on_the_same_service_port_stops_at_start_naming_the_setting
                                            "before configure(c)"), res.stderr
         # the first hub's users are unaffected
         assert first.api("GET", "jobs", first.token("alice"), via_proxy=True).status_code == 200
+
+
+def test_a_job_shares_no_session_or_group_with_the_service_and_outlives_its_groups_sigkill(tmp_path):
+    """The local backend's runner starts in a session of its own, papermill in the runner's group,
+    the kernel in a session of its own (jupyter_client): a SIGKILL to the service's whole process
+    group (what a supervisor does) reaches none of them; the restarted service re-adopts the run."""
+    import psutil
+    from hub_harness import notebook
+
+    with Hub(tmp_path, gpupool={"nodes": [{"name": "box", "gpus": 1}]}, managed=False) as hub:
+        alice = hub.token("alice")
+        nb = notebook("import time\ntime.sleep(8)\nprint('slept through it')")
+        job = hub.api("POST", "jobs", alice, json={"notebook_content": nb}).json()
+        hub.wait_job(alice, job["id"], {"running"}, 60)
+        kernel = lambda: [p for p in hub.job_pids() if "ipykernel" in " ".join(psutil.Process(p).cmdline())]  # noqa: E731
+        hub.wait_for(kernel, 60, message="the kernel never started")
+        service = hub.service_pid()
+        ours = {(os.getsid(p), os.getpgid(p)) for p in hub.job_pids()}
+        assert not {sid for sid, _ in ours} & {os.getsid(service)}, ours
+        assert not {pg for _, pg in ours} & {os.getpgid(service)}, ours
+        os.killpg(os.getpgid(service), signal.SIGKILL)
+        hub.kill_service()  # reaps it
+        hub.start_service()
+        done = hub.wait_job(alice, job["id"], {"succeeded", "failed"}, 90)
+        assert done["status"] == "succeeded" and done["attempts"] == 1, done
+        assert "slept through it" in hub.api("GET", f"jobs/{job['id']}/log", alice).text
