@@ -220,3 +220,29 @@ NODE_UP, NODE_DRAINING, NODE_DRAINED, NODE_FAILED = "up", "draining", "drained",
 NODE_STATES = (NODE_UP, NODE_DRAINING, NODE_DRAINED, NODE_FAILED)
 
 __all__ += ["NODE_ACTIONS", "NODE_UP", "NODE_DRAINING", "NODE_DRAINED", "NODE_FAILED", "NODE_STATES"]
+
+
+STOP_CAUSES = tuple(c.value for c in StopCause)
+__all__ += ["STOP_CAUSES"]
+
+
+# -- how one attempt of a workload ended (an entry of its ``history``) ---------------------------
+# succeeded, failed, cancelled: the run's end was the workload's; preempted: stopped for another
+# workload (or an idle or run-time rule) and requeued; requeued: a worker of a gang was lost and the
+# gang starts again; lost: its run was gone when the service restarted; retried: its run died before
+# its code ran (an infrastructure failure, c.GPUPool.startup_retries) and it starts again;
+# suspended: a workspace suspended by an idle rule. An attempt still running has none (null).
+PREEMPTED, REQUEUED, LOST, RETRIED, SUSPENDED = "preempted", "requeued", "lost", "retried", "suspended"
+ATTEMPT_OUTCOMES = (SUCCEEDED, FAILED, CANCELLED, PREEMPTED, REQUEUED, LOST, RETRIED, SUSPENDED)
+
+
+def history_marker(status: str | None, attempts: int | None) -> str:
+    """A short mark of a job's past attempts for a list: ``resumed x2`` (running again after two
+    ends), ``requeued x1`` (waiting again after one); "" for a job on its first attempt."""
+    n = int(attempts or 0)
+    if status == QUEUED and n >= 1:
+        return f"requeued x{n}"
+    return f"resumed x{n - 1}" if n >= 2 else ""
+
+
+__all__ += ["PREEMPTED", "REQUEUED", "LOST", "RETRIED", "SUSPENDED", "ATTEMPT_OUTCOMES", "history_marker"]

@@ -15,6 +15,7 @@ import importlib
 import logging
 import os
 import secrets
+import socket
 import sys
 from typing import Any
 
@@ -109,6 +110,8 @@ def configure(c: Any, *, spawner: bool = True) -> None:
             raise GPUPoolConfigError(
                 "c.GPUPool.port / c.GPUPool.service_name changed after configure(c); set them before calling configure(c)")
         settings = load(c, cwd=os.getcwd())
+        if port_in_use(port):  # a second hub's service would die while its proxy routes to the first's
+            raise GPUPoolConfigError(port_taken_message(port))
         return to_json(settings)
 
     _service_config = _AtStart(_compute)
@@ -172,6 +175,22 @@ def configure(c: Any, *, spawner: bool = True) -> None:
             c.JupyterHub.spawner_class = SPAWNER_CLASS
         else:
             log.warning("gpupool: %s is not available; keeping JupyterHub's spawner", SPAWNER_CLASS)
+
+
+def port_taken_message(port: int) -> str:
+    return (f"c.GPUPool.port: 127.0.0.1:{port} is in use (another hub's gpupool service?); give each hub its "
+            "own port: c.GPUPool.port = N before configure(c)")
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on (or holds) ``host:port`` now."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is free
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 CULLER = "idle-culler"

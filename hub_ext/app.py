@@ -7,7 +7,8 @@ by the hub when it starts the service), listens on ``JUPYTERHUB_SERVICE_URL`` un
 
 Only one instance may run the loop against a job root: it holds an exclusive lock on
 ``<job_root>/.service.lock`` (released by the kernel even on SIGKILL). SIGTERM / SIGINT stop it
-promptly; running jobs keep running and are re-adopted by the next start.
+promptly and it logs the jobs not finished; running jobs keep running and are re-adopted by the
+next start.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
+from sqlalchemy import select
 from tornado import web
 
 from ..backends import nvml as nvml_mod
@@ -170,7 +172,11 @@ async def serve(settings: Settings) -> int:
     app = web.Application(routes(prefix, pool.service_name), gpupool=svc, gpupool_api_path=prefix.rstrip("/") + "/api/v1",
                           log_function=_log_request,
                           cookie_secret=dashboard.cookie_secret())
-    server = app.listen(port, address=host, xheaders=True)
+    try:
+        server = app.listen(port, address=host, xheaders=True)
+    except OSError as e:  # taken since the hub checked it at start
+        log.error("cannot listen on %s:%d (c.GPUPool.port): %s", host, port, e)
+        server = None
     # what start-up made (modules, the ORM's and tornado's machinery) lives as long as the service:
     # out of the cyclic collector's way, so a full collection walks only what cycles and requests make
     gc.freeze()
@@ -181,16 +187,32 @@ async def serve(settings: Settings) -> int:
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("stopping (running jobs keep running; the next start re-adopts them)")
-    server.stop()
-    await reconciler.stop()
-    await sampler.stop()
-    await checker.stop()
-    await loop.stop()
+    if server is not None:
+        await stop.wait()
+        log.info("stopping (running jobs keep running; the next start re-adopts them)")
+        server.stop()
+    for task in (reconciler, sampler, checker, loop):
+        await task.stop()
+    note = unfinished_jobs(sessions)
+    if note:
+        log.warning("%s", note)
     engine.dispose()
     lock.close()
-    return 0
+    return 0 if server is not None else 4
+
+
+def unfinished_jobs(sessions: Any) -> str:
+    """Which jobs outlive the service: running ones keep running (the next start re-adopts them),
+    queued ones wait for it. "" when there are none."""
+    with sessions() as s:
+        rows = s.execute(select(D.Workload.id, D.Workload.status).where(
+            D.Workload.type == D.JOB, D.Workload.status.in_(D.ACTIVE)).order_by(D.Workload.id)).all()
+    if not rows:
+        return ""
+    listed = ", ".join(f"{D.public_id(D.JOB, i)} ({status})" for i, status in rows[:10]) + (", ..." if len(rows) > 10 else "")
+    return (f"{len(rows)} job{'s' if len(rows) != 1 else ''} not finished: {listed}. Running jobs keep running "
+            "after the service stops and its next start re-adopts them; queued jobs wait for it. "
+            "`gpupool delete JOB` cancels one.")
 
 
 def _log_request(handler: web.RequestHandler) -> None:

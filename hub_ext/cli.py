@@ -6,7 +6,10 @@
 ``--demo`` writes a ready-made config into ./.gpupool-demo/ (see demo_config.py) and runs the
 hub there; ``--config`` runs an admin's own config (which calls ``gpupool.hub_ext.configure(c)``).
 Either way the hub runs in the foreground; Ctrl-C (or SIGTERM) stops it, its proxy, the service
-and every single-user server.
+and every single-user server. JupyterHub runs in a session of its own, so a Ctrl-C in the terminal
+reaches this launcher alone, which stops things in order (the demo: the servers first, while the
+service can still free their GPUs; then the hub, which stops the service and the proxy); it
+dies with the launcher (Linux: the parent-death signal), so a killed launcher leaves no hub behind.
 """
 from __future__ import annotations
 
@@ -84,6 +87,18 @@ def _configured_address(config: Path) -> tuple[str, int, bool]:
         return (hub.ip if "ip" in hub else "") or "127.0.0.1", int(hub.port) if "port" in hub else 8000, False
     except Exception:  # the check before start reports problems with the file
         return "127.0.0.1", 8000, False
+
+
+def _service_port_taken(config: Path) -> str:
+    """The message when the service's port (``c.GPUPool.port``) of a config is in use, else ""."""
+    from . import GPUPool, port_in_use, port_taken_message
+    from traitlets.config.loader import PyFileConfigLoader
+
+    try:
+        port = GPUPool(config=PyFileConfigLoader(config.name, path=str(config.parent)).load_config()).port
+    except Exception:  # the check before start reports problems with the file
+        return ""
+    return port_taken_message(port) if port_in_use(port) else ""
 
 
 def _port_free(ip: str, port: int) -> bool:
@@ -198,23 +213,6 @@ def _call(method: str, url: str, token: str, timeout: float) -> tuple[int, objec
         return e.code, None
 
 
-def report_unfinished_jobs(service_api: str, token: str) -> None:
-    """Say which jobs outlive the hub: running ones keep running (the next start re-adopts them),
-    queued ones wait for it."""
-    try:
-        status, body = _call("GET", service_api.rstrip("/") + "/jobs?status=queued,starting,running,preempting",
-                             token, 10)
-    except OSError:
-        return
-    jobs = body.get("jobs", []) if status == 200 and isinstance(body, dict) else []
-    if not jobs:
-        return
-    listed = ", ".join(f"{j['id']} ({j['status']})" for j in jobs[:10]) + (", ..." if len(jobs) > 10 else "")
-    print(f"gpupool hub: {len(jobs)} job{'s' if len(jobs) != 1 else ''} not finished: {listed}. Running jobs keep "
-          "running after the hub stops and the next start re-adopts them; queued jobs wait for it. "
-          "`gpupool delete JOB` cancels one.", file=sys.stderr, flush=True)
-
-
 def stop_all_servers(hub_api: str, token: str, timeout: float = 60.0) -> None:
     """Stop every single-user server through the hub's REST API and wait for them to be gone.
 
@@ -244,9 +242,22 @@ def stop_all_servers(hub_api: str, token: str, timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+def _die_with_parent() -> None:
+    """In the hub's process, before it runs (Linux): SIGTERM when the launcher dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str | None,
              before_stop=None) -> int:
-    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stderr=subprocess.PIPE)
+    # a session of its own: the terminal's Ctrl-C (SIGINT to the foreground group) reaches the
+    # launcher only, which stops things in order; JupyterHub alone would stop the service first
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     ready = threading.Event()
     relay = threading.Thread(target=_relay, args=(proc.stderr, sys.stderr.buffer, ready), daemon=True)
     relay.start()
@@ -275,7 +286,7 @@ def _run_hub(cmd: list[str], cwd: Path, env: dict, health_url: str, banner: str 
         except ProcessLookupError:
             pass
 
-    old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         if banner is not None and _wait_up(proc, health_url, stopping, ready=ready) and stopping["signal"] is None:
             print(banner, flush=True)
@@ -326,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             return _fail("not starting JupyterHub: fix the settings above (`gpupool hub --config FILE --check` "
                          "checks again without starting anything)", 1)
+        taken = _service_port_taken(config)
+        if taken:
+            return _fail(f"{config}: {taken}", 1)
     proxy = find_proxy()
     if proxy is None:
         return _fail(INSTALL_HINT)
@@ -375,9 +389,4 @@ def run(args: argparse.Namespace) -> int:
     hub_api = f"http://127.0.0.1:{opts.hub_port}/hub/api"
     return _run_hub([jupyterhub, "-f", str(config)], config.parent, env,
                     f"http://{_local(opts.ip)}:{opts.port}/hub/health", demo_config.banner(opts),
-                    before_stop=lambda: _before_demo_stop(hub_api, opts))
-
-
-def _before_demo_stop(hub_api: str, opts) -> None:
-    report_unfinished_jobs(f"http://127.0.0.1:{opts.service_port}/services/gpupool/api/v1", opts.control_token)
-    stop_all_servers(hub_api, opts.control_token)
+                    before_stop=lambda: stop_all_servers(hub_api, opts.control_token))

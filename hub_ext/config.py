@@ -7,14 +7,11 @@ The admin writes, in ``jupyterhub_config.py``::
     c.GPUPool.queues = [{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"], "groups": ["cv"]}]
     c.GPUPool.nodes = [{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]
 
-How the service gets this configuration: ``configure(c)`` registers the service with an
-environment variable ``GPUPOOL_CONFIG`` whose value JupyterHub computes when it starts the
-service (a callable environment value, evaluated after the whole config file ran, so
-``c.GPUPool`` may be set before or after ``configure(c)``). The callable validates everything
-(:func:`load`), resolves defaults that depend on the hub's working directory, and hands the
-service a JSON document of every ``GPUPool`` trait. A bad entry raises :class:`GPUPoolConfigError`
-there, which stops the hub at start-up with the message (e.g. ``c.GPUPool.queues[0].deserved.gpu:
-must be >= 0``).
+``configure(c)`` gives the service an environment variable ``GPUPOOL_CONFIG`` that JupyterHub
+computes when it starts the service (after the whole file ran, so ``c.GPUPool`` may be set before
+or after ``configure(c)``): :func:`load` validates everything, resolves what depends on the hub's
+working directory, and hands the service every ``GPUPool`` trait as JSON. A bad entry raises
+:class:`GPUPoolConfigError`, which stops the hub with a message naming it.
 """
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ class GPUPool(Configurable):
         allow_none=True,
         help="""Nodes and their GPUs, in the scenario format (name, count, gpus, gpu_memory,
         gpu_model, cpu, memory, labels), e.g. ``[{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]``.
-        Unset (None): this machine's GPUs as reported by NVML. An empty list: no GPUs
-        (CPU-only jobs still run).""",
+        Unset (None): this machine's GPUs (NVML). An empty list: no GPUs (CPU-only jobs still run).""",
     ).tag(config=True)
 
     db_url = Unicode(
@@ -99,6 +95,12 @@ class GPUPool(Configurable):
         3, help="""How often a distributed job is requeued (and resumes from its checkpoint) after
         one of its workers died (killed by a signal, its process or pod gone) before it fails.
         A worker that exits with an error status fails the job at once.""",
+    ).tag(config=True)
+
+    startup_retries = Integer(
+        2, help="""How often a job whose run died before its code ran (the machinery failed, not the job:
+        its kernel died before it answered) starts again before it fails, as a Kubernetes Job's
+        backoffLimit; its history names each cause. 0 = never.""",
     ).tag(config=True)
 
     cycle_in_process = Bool(
@@ -195,9 +197,9 @@ class GPUPool(Configurable):
         "", help="Queue of a submission that names none (default: the user's first permitted queue)."
     ).tag(config=True)
 
-    port = Integer(
-        10101, help="Port the service listens on (127.0.0.1). Set it before calling configure(c)."
-    ).tag(config=True)
+    port = Integer(10101, help="""Port the service listens on (127.0.0.1); set it before configure(c). A
+        port in use (another hub's service) stops the hub at start with a message naming this setting.""",
+                   ).tag(config=True)
 
     service_name = Unicode("gpupool", help="Name of the JupyterHub service.").tag(config=True)
 

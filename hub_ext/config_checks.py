@@ -32,8 +32,8 @@ def knob_errors(pool: Any) -> list[str]:
         if getattr(pool, knob) <= 0:
             errors.append(f"c.GPUPool.{knob}: must be > 0")
     for knob in ("preemption_grace", "min_runtime", "kill_after", "workspace_reconcile_seconds",
-                 "workspace_release_grace", "gang_restarts", "usage_sample_seconds", "usage_raw_retention",
-                 "usage_rollup_retention"):
+                 "workspace_release_grace", "gang_restarts", "startup_retries", "usage_sample_seconds",
+                 "usage_raw_retention", "usage_rollup_retention"):
         if getattr(pool, knob) < 0:
             errors.append(f"c.GPUPool.{knob}: must be >= 0")
     if not 0 <= pool.gpu_memory_reserve < 1:

@@ -462,6 +462,10 @@ class GPUPoolSpawnerMixin(Spawner):
         try:
             await self._gpupool("DELETE", path)
         except GPUPoolError as e:
+            if e.status == 0:  # the service is down (JupyterHub stops its services before its servers)
+                self.log.warning("gpupool: %s not released now: the gpupool service is not running; it "
+                                 "releases the GPUs of servers the hub no longer has as it starts", path)
+                return
             if e.status != 404:
                 self.log.error("gpupool: could not release %s: %s (kept in the server's state; the "
                                "next start or stop of this server releases it)", path, e.message)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -311,7 +312,9 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         tail = out[-3000:]
     assert hub.rc == 0, tail
     assert "Starting service 'idle-culler'" in out  # idle servers give their GPUs back
-    assert f"1 job not finished: {waiting} (queued)" in out and "the next start re-adopts them" in out
+    # (the server stops first, so the job may get its GPU as the hub stops: it then runs on)
+    assert re.search(rf"1 job not finished: {waiting} \((queued|starting|running)\)", out), out[-3000:]
+    assert "the next start re-adopts them" in out
     assert not hub.leftovers, f"processes left running: {hub.leftovers}\n{tail}"
     # servers were stopped before the service, so alice's GPU was released, not left allocated
     assert "stopping 1 server(s)" in tail and "could not release" not in tail, tail

@@ -21,7 +21,7 @@ def job(status: str = C.QUEUED, **kw) -> SimpleNamespace:
     row = dict(id=1, type=C.JOB, public_id="j-000001", status=status, reason="", allocation=None, handle=None,
                started_at=None, finished_at=None, attempt=0, preemptions=0, restarts=0, pods=1, exit_code=None,
                stop_requested_at=None, term_sent_at=None, stop_cause=None, stop_reason=None, token_hash=None,
-               last_checkpoint_at=None, command=None, script=None, env=None)
+               last_checkpoint_at=None, command=None, script=None, env=None, history=None)
     row.update(kw)
     return SimpleNamespace(**row)
 
@@ -42,8 +42,9 @@ def test_a_job_from_submission_to_success():
     assert L.started(row, {"pid": 1}, "fits") and row.status == C.RUNNING
     assert L.released(row, RunState(EXITED, 0, "exit 0"), 20.0, gang_restarts=3) == C.SUCCEEDED
     assert row.allocation is None and row.finished_at == 20.0 and row.reason == "succeeded: the notebook ran to the end"
+    assert row.token_hash is None  # the run's job token is revoked with its end
     with pytest.raises(L.IllegalTransition, match="succeeded -> queued"):
-        L.vanished(row)
+        L.vanished(row, 30.0)
 
 
 def test_preemption_requeues_and_a_cancel_pending_ends_cancelled():
@@ -99,6 +100,77 @@ def test_a_failed_run_says_the_telling_line_of_its_log_and_a_lost_gang_restarts(
     assert row.restarts == 1 and "(restart 1 of at most 3)" in row.reason
 
 
+def test_every_attempt_is_kept_in_the_history():
+    """When and where each attempt ran, how it ended and why, and the checkpoint it resumed from."""
+    gang = [{"pod": 1, "node": "n2", "gpus": [2, 3], "fraction": 1.0}, {"pod": 0, "node": "n1", "gpus": [0, 1],
+                                                                        "fraction": 1.0}]
+    row = job(pods=2)
+    L.bind(row, gang, "borrowing", 10.0, token_hash="h")
+    assert L.started(row, {"pid": 1}, "borrowing")
+    first = row.history
+    L.request_stop(row, StopCause.PREEMPT, "queue vision reclaims its GPUs", 20.0, grace=30)
+    assert L.released(row, RunState(EXITED, 0, "exit 0"), 25.0, 3) == C.QUEUED and row.exit_code == 0
+    assert row.token_hash is None  # a preempted run's token too
+    assert first[0]["ended_at"] is None  # a new list each time: the stored JSON column sees each change
+    (a,) = row.history
+    assert (a["attempt"], a["started_at"], a["ended_at"], a["outcome"], a["stop_cause"], a["exit_code"]) == \
+        (1, 10.0, 25.0, C.PREEMPTED, "preempt", 0)
+    assert a["allocation"] == gang and a["reason"].startswith("requeued after preemption (queue vision reclaims")
+    L.bind(row, gang, "fits", 40.0, token_hash="h2",
+           resumed_from={"checkpoint": "/j/checkpoints/ckpt-000012.pkl", "step": 12})
+    assert row.exit_code is None  # the running attempt has no exit code yet (the last one's was 0)
+    assert [x["outcome"] for x in row.history] == [C.PREEMPTED, None] and row.history[1]["attempt"] == 2
+    L.started(row, {"pid": 2}, "fits")
+    L.released(row, RunState(EXITED, 0, "exit 0"), 50.0, 3)
+    b = row.history[1]
+    assert (b["outcome"], b["stop_cause"], b["ended_at"], b["resumed_from"]["step"]) == (C.SUCCEEDED, None, 50.0, 12)
+    assert b["reason"] == "succeeded: the notebook ran to the end in all 2 workers"
+    # the other ends: a failed start, a run gone at a restart, a cancel, a workspace's suspension
+    row = job()
+    L.bind(row, ALLOC, "fits", 1.0, token_hash="h")
+    L.start_failed(row, "no such directory", 2.0)
+    assert row.history[-1]["outcome"] == C.FAILED and row.history[-1]["reason"] == "failed to start: no such directory"
+    row = job()
+    L.bind(row, ALLOC, "fits", 1.0, token_hash="h")
+    L.started(row, {"pid": 1}, "fits")
+    L.vanished(row, 3.0)
+    assert (row.history[-1]["outcome"], row.history[-1]["ended_at"]) == (C.LOST, 3.0)
+    L.bind(row, ALLOC, "fits", 4.0, token_hash="h")
+    L.started(row, {"pid": 1}, "fits")
+    L.request_stop(row, StopCause.CANCEL, "cancelled by alice", 5.0, grace=30)
+    L.released(row, RunState(EXITED, 143, "SIGTERM"), 6.0, 3)
+    assert [(x["outcome"], x["stop_cause"]) for x in row.history] == [(C.LOST, None), (C.CANCELLED, "cancel")]
+    ws = job(type=C.WORKSPACE, public_id="w-000001")
+    L.bind(ws, ALLOC, "fits", 1.0, env={})
+    L.workspace_ended(ws, "suspended: idle for 2 h", 9.0, suspended=True)
+    assert ws.history[-1]["outcome"] == C.SUSPENDED
+
+
+def test_a_run_that_died_before_its_code_ran_is_retried_a_bounded_number_of_times():
+    row = job()
+    died = RunState(EXITED, 1, "it exited with status 1")
+    kernel = lambda rank: "RuntimeError: Kernel died before replying to kernel_info"  # noqa: E731
+    for n in (1, 2):
+        L.bind(row, ALLOC, "fits", 10.0 * n, token_hash="h")
+        L.started(row, {"pid": n}, "fits")
+        assert L.released(row, died, 10.0 * n + 1, 3, kernel, before_code=True, startup_retries=2) == C.QUEUED
+        assert row.reason == ("requeued: its run died before its code ran (RuntimeError: Kernel died before replying "
+                              f"to kernel_info), a failure of the machinery, not of the job; retry {n} of at most 2")
+        assert row.finished_at is None and row.history[-1]["outcome"] == C.RETRIED
+    L.bind(row, ALLOC, "fits", 30.0, token_hash="h")
+    L.started(row, {"pid": 3}, "fits")
+    assert L.released(row, died, 31.0, 3, kernel, before_code=True, startup_retries=2) == C.FAILED
+    assert row.reason.endswith("kernel_info; it died before its code ran in 3 attempts")
+    assert [x["outcome"] for x in row.history] == [C.RETRIED, C.RETRIED, C.FAILED]
+    # the user's own failure (its code ran), or no retries configured: failed at once
+    for before, retries in ((False, 2), (True, 0)):
+        row = job()
+        L.bind(row, ALLOC, "fits", 1.0, token_hash="h")
+        L.started(row, {"pid": 1}, "fits")
+        assert L.released(row, died, 2.0, 3, kernel, before_code=before, startup_retries=retries) == C.FAILED
+        assert row.reason == "failed: RuntimeError: Kernel died before replying to kernel_info"
+
+
 def test_memory_stop_fails_the_job_and_illegal_moves_raise():
     row = job(C.RUNNING, allocation=ALLOC)
     L.request_stop(row, StopCause.MEMORY, "failed: stopped for using too much", 1.0, 30)
@@ -124,7 +196,7 @@ def test_workspaces_and_notes():
 
 
 def test_only_the_lifecycle_writes_statuses_and_reasons():
-    """No other module of hub_ext assigns ``.status``, ``.reason`` or ``.stop_cause`` of a row."""
+    """No other module of hub_ext assigns ``.status``, ``.reason``, ``.stop_cause`` or ``.history`` of a row."""
     found = []
     for path in sorted((ROOT / "hub_ext").rglob("*.py")):
         if path.name == "lifecycle.py":
@@ -134,7 +206,7 @@ def test_only_the_lifecycle_writes_statuses_and_reasons():
                 node, (ast.AugAssign, ast.AnnAssign)) else []
             for t in targets:
                 for leaf in ast.walk(t):
-                    if isinstance(leaf, ast.Attribute) and leaf.attr in ("status", "reason", "stop_cause") \
+                    if isinstance(leaf, ast.Attribute) and leaf.attr in ("status", "reason", "stop_cause", "history") \
                             and not (isinstance(leaf.value, ast.Name) and leaf.value.id in ("self", "sus")):  # sus: a suspension record
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []

@@ -183,7 +183,7 @@ def _workers_text(j: Mapping) -> str | None:
 
 def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, str] | None = None) -> str:
     """One job; ``log_tail`` is (rank 0's) log, ``rank_logs`` the other workers' of a distributed job."""
-    from gpupool.client.jobs import metrics_of
+    from gpupool.client.jobs import attempt_words, marker, metrics_of
     j = job
     program = None
     if j.get("script"):
@@ -196,19 +196,23 @@ def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, 
              ("position", j.get("position") if j.get("status") == C.QUEUED else None),
              ("on", C.describe_allocation(j.get("allocation"))), ("parameters", j.get("parameters") or None),
              ("sweep", j.get("sweep")), ("preemptions", j.get("preemptions") or None),
-             ("exit code", j.get("exit_code")), ("submitted", j.get("submitted_at")),
+             ("exit code", j.get("exit_code") if j.get("status") in C.ENDED else None),
+             ("submitted", j.get("submitted_at")),
              ("started", j.get("started_at")), ("finished", j.get("finished_at"))]
     metrics = [{"name": name, "last": fmt_num(pts[-1][1]) if pts else "–", "step": pts[-1][0] if pts else "–",
                 "plot": sparkline(pts, 200, 50)} for name, pts in metrics_of(j.get("metrics") or {}).items()]
     logs = [("log" if int(j.get("pods") or 1) < 2 else "log (rank 0)", log_tail)]
     logs += [(f"log (rank {r})", t) for r, t in sorted((rank_logs or {}).items())]
-    return _render("job.html", job={k: j.get(k) for k in ("id", "name", "status", "reason")},
+    history = [{"attempt": a.get("attempt"), "started": a.get("started_at"), "ended": a.get("ended_at") or "",
+                "why": a.get("reason") if a.get("outcome") else "", **attempt_words(a)} for a in j.get("history") or []]
+    return _render("job.html", job={k: j.get(k) for k in ("id", "name", "status", "reason")}, marker=marker(j),
                    facts=[(k, str(v)) for k, v in facts if v not in (None, "", [])], metrics=metrics,
-                   logs=[(title, tail) for title, tail in logs if tail])
+                   logs=[(title, tail) for title, tail in logs if tail], history=history if len(history) > 1 else [])
 
 
 def jobs_html(jobs: Sequence[Mapping], user: str | None = None) -> str:
-    rows = [{**{k: j.get(k) for k in ("id", "name", "queue", "status", "reason")},
+    from gpupool.client.jobs import marker
+    rows = [{**{k: j.get(k) for k in ("id", "name", "queue", "status", "reason")}, "marker": marker(j),
              "want": C.format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods"))} for j in jobs]
     return _render("jobs.html", jobs=rows)
 

@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
-from ..contract import ACTIVE, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED, format_bytes, parse_bytes
-from .jobs import Job, build_body, metrics_of, post_job, request_text, status_line
+from ..contract import ACTIVE, ENDED, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED, format_bytes, parse_bytes
+from .jobs import Job, attempt_words, build_body, marker, metrics_of, post_job, request_text, status_line
 
 
 class UsageError(Exception):
@@ -183,8 +183,9 @@ def cmd_list(args) -> int:
     if not jobs:
         print("no jobs" + ("" if args.all else " running or queued (use --all for finished ones)"))
     else:
-        rows = [(j.get("id"), j.get("name"), j.get("user"), j.get("queue"), j.get("kind"), j.get("status"), _want(j),
-                 _alloc(j), (j.get("reason") or "")[:100]) for j in jobs]
+        rows = [(j.get("id"), j.get("name"), j.get("user"), j.get("queue"), j.get("kind"),
+                 f'{j.get("status")} ({marker(j)})' if marker(j) else j.get("status"), _want(j), _alloc(j),
+                 (j.get("reason") or "")[:100]) for j in jobs]
         print(table(["ID", "NAME", "USER", "QUEUE", "KIND", "STATUS", "GPUS", "ON", "REASON"], rows))
     if spaces:
         rows = [(w.get("id"), w.get("user"), w.get("server") or "-", w.get("queue"), w.get("status"), _want(w),
@@ -235,14 +236,15 @@ def cmd_describe(args) -> int:
               ("allocation", _alloc(j) or None), ("submitted", j.get("submitted_at")),
               ("started", j.get("started_at")), ("finished", j.get("finished_at")),
               ("preemptions", j.get("preemptions")), ("restarts", j.get("restarts")),
-              ("exit code", j.get("exit_code")),
+              ("exit code", j.get("exit_code") if j.get("status") in ENDED else None),
               ("checkpoint", (j.get("checkpoint") or {}).get("latest") if j.get("checkpoint") else None)]
     _print_fields(fields)
     if (j.get("pods") or 1) > 1:
-        print("workers:")
+        print("workers:" + (" (where they ran)" if j.get("status") in ENDED else ""))
         for w in j.get("workers") or []:
             where = f'{w.get("node")} GPUs {",".join(map(str, w.get("gpus") or [])) or "-"}' if w.get("node") else "(not running)"
             print(f'  rank {w.get("rank")}: {where}  (gpupool logs {j.get("id")} --rank {w.get("rank")})')
+    _print_history(j.get("history") or [])
     metrics = metrics_of(j.get("metrics") or {})
     if metrics:
         print("metrics:")
@@ -250,6 +252,21 @@ def cmd_describe(args) -> int:
             tail = ", ".join(f"{s}:{v:g}" for s, v in pts[-5:])
             print(f"  {name}: {len(pts)} points, last {pts[-1][1]:g} at step {pts[-1][0]} ({tail})")
     return 0
+
+
+def _print_history(history: list[dict]) -> None:
+    """Each attempt: when, how it ended, where each rank ran, why, and what it resumed from."""
+    if not history:
+        return
+    print("attempts:")
+    for a in history:
+        words = attempt_words(a)
+        print(f'  {a.get("attempt")}. {a.get("started_at")} - {a.get("ended_at") or "now"}: {words["end"]}')
+        print(f'     on: {words["on"]}')
+        if words["resumed"]:
+            print(f'     resumed from: {words["resumed"]}')
+        if a.get("reason") and a.get("outcome"):
+            print(f'     why: {a["reason"]}')
 
 
 def cmd_logs(args) -> int:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from ..contract import ENDED, format_request
+from ..contract import ENDED, PREEMPTED, CANCELLED, Placement, format_request, history_marker
 from .api import BadRequest, Client, GPUPoolError, get_client
 
 # Fields that change while a job lives: reading them refreshes a stale, unfinished job.
@@ -204,6 +204,32 @@ def status_line(j: Mapping[str, Any]) -> str:
     if not reason:
         return status
     return reason if reason.startswith(status) else f"{status}: {reason}"
+
+
+def marker(j: Mapping[str, Any]) -> str:
+    """``resumed x2`` / ``requeued x1`` for a job with past attempts ("" on its first)."""
+    return history_marker(j.get("status"), j.get("attempts"))
+
+
+def attempt_words(a: Mapping[str, Any]) -> dict[str, str]:
+    """One entry of a job's ``history`` in words: ``end`` (how it ended: ``preempted``, ``failed,
+    exit 1``, ``running``), ``on`` (each rank's placement), ``resumed`` (the checkpoint and step)."""
+    end = str(a.get("outcome") or "running")
+    cause = a.get("stop_cause")
+    if cause and not (end == PREEMPTED and cause == "preempt" or end == CANCELLED and cause == "cancel"):
+        end += f" (asked to stop: {cause})"
+    if a.get("exit_code") is not None:
+        end += f", exit {a['exit_code']}"
+    places = [(p.get("rank", 0), Placement(str(p.get("node")), tuple(p.get("gpus") or ()),
+                                           float(p.get("fraction", 1.0))).describe()) for p in a.get("placement") or []]
+    on = places[0][1] if len(places) == 1 else "; ".join(f"rank {r} on {where}" for r, where in places)
+    resumed = ""
+    if a.get("resumed_from"):
+        point = a["resumed_from"]
+        resumed = os.path.basename(str(point.get("checkpoint") or ""))
+        if point.get("step") is not None:
+            resumed += f" (step {point['step']})"
+    return {"end": end, "on": on or "-", "resumed": resumed}
 
 
 def metrics_of(raw: Mapping[str, Any]) -> dict[str, list[tuple[int, float]]]:

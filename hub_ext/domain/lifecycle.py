@@ -18,6 +18,10 @@ Anything else raises :class:`IllegalTransition` (a bug in the caller, never a us
 Why a workload holding GPUs is asked to stop is a :class:`gpupool.contract.StopCause`; the row
 keeps its value (``stop_cause``) until the run is gone.
 
+Every bind opens an attempt in the row's ``history`` (when, where each rank runs, the checkpoint it
+resumes from) and every end closes it (when, how: a ``contract.ATTEMPT_OUTCOMES`` value, the stop
+cause, the reason as the row then reads, the exit code). Only this module writes ``history``.
+
 The functions change the row in memory; the caller commits (the usage ledger follows the
 allocation in the same transaction, store/ledger.py). They do no I/O: what a run left behind
 (its log's last error) is handed in.
@@ -29,6 +33,7 @@ from typing import Any, Callable
 from sqlalchemy import update
 
 from ...backends.base import EXITED, LOST, RunState
+from ... import contract as C
 from ...contract import StopCause, describe_allocation
 from ..store import tables as D
 from ..store.ledger import DRAINED, NODE_FAILURE, SUSPENDED
@@ -69,9 +74,32 @@ def _say(row: Any, reason: str) -> None:
     row.reason = reason
 
 
+def _run_gone(row: Any) -> None:
+    """The run holds nothing any more, and its job token is revoked (a new attempt gets a new one)."""
+    row.allocation = None
+    row.handle = None
+    row.token_hash = None
+
+
 def _clear_stop(row: Any) -> None:
     row.stop_requested_at = row.term_sent_at = None
     row.stop_cause = row.stop_reason = None
+
+
+def _open_attempt(row: Any, allocation: list[dict], now: float, resumed_from: dict | None) -> None:
+    entry = {"attempt": row.attempt, "started_at": now, "ended_at": None, "allocation": allocation,
+             "outcome": None, "stop_cause": None, "reason": None, "exit_code": None, "resumed_from": resumed_from}
+    row.history = [*(row.history or []), entry]  # a new list: the JSON column sees the change
+
+
+def _close_attempt(row: Any, outcome: str, now: float, cause: str | None = None, exit_code: int | None = None) -> None:
+    """The open attempt ends (after the move: its reason is the row's new one)."""
+    history = list(row.history or [])
+    if not history or history[-1].get("ended_at") is not None:
+        return  # nothing open (a row from before the history existed)
+    history[-1] = dict(history[-1], ended_at=now, outcome=outcome, stop_cause=cause, reason=row.reason,
+                       exit_code=exit_code)
+    row.history = history
 
 
 def _resume_words(row: Any) -> str:
@@ -81,13 +109,16 @@ def _resume_words(row: Any) -> str:
 
 # ---------------------------------------------------------------------------------- admission
 def bind(row: Any, allocation: list[dict], why: str, now: float, env: dict | None = None,
-         token_hash: str | None = None) -> None:
+         token_hash: str | None = None, resumed_from: dict | None = None) -> None:
     """The scheduler bound a queued workload: it holds ``allocation`` from now (write-ahead: the
-    caller commits before anything runs). A job starts; a workspace is admitted with ``env``."""
+    caller commits before anything runs). A job starts; a workspace is admitted with ``env``.
+    ``resumed_from``: the checkpoint the run starts from (``{"checkpoint", "step"}``), if any."""
     row.allocation = allocation
     row.started_at = now
     row.attempt += 1
+    row.exit_code = None  # the last run's; this one has none yet
     _clear_stop(row)
+    _open_attempt(row, allocation, now, resumed_from)
     if row.type == D.WORKSPACE:
         row.env = env
         _move(row, D.RUNNING, f"admitted on {where(allocation)}: {why}")
@@ -106,9 +137,10 @@ def started(row: Any, handle: Any, why: str) -> bool:
 
 
 def start_failed(row: Any, error: Exception | str, now: float) -> None:
-    row.allocation = None
+    _run_gone(row)
     row.finished_at = now
     _move(row, D.FAILED, f"failed to start: {error}")
+    _close_attempt(row, C.FAILED, now)
 
 
 def readopted(row: Any, handle: Any) -> None:
@@ -118,13 +150,13 @@ def readopted(row: Any, handle: Any) -> None:
         _move(row, D.RUNNING, f"running on {where(row.allocation)}")
 
 
-def vanished(row: Any) -> None:
+def vanished(row: Any, now: float) -> None:
     """After a restart of the service: its run is gone without an exit status."""
-    row.allocation = None
-    row.handle = None
+    _run_gone(row)
     row.restarts += 1
     _move(row, D.QUEUED, "requeued: its process was gone when the gpupool service restarted; "
                          "it resumes from its latest checkpoint")
+    _close_attempt(row, C.LOST, now)
 
 
 def cancel_queued(row: Any, who: str, now: float) -> None:
@@ -158,30 +190,56 @@ def terminated(row: Any, now: float) -> None:
 
 
 def released(row: Any, state: Any, now: float, gang_restarts: int,
-             error_line: Callable[[int], str] = lambda rank: "") -> str:
+             error_line: Callable[[int], str] = lambda rank: "", before_code: bool = False,
+             startup_retries: int = 0) -> str:
     """A job's run ended (or is gone, ``state``: a backend RunState): its GPUs are free, and the
-    job is requeued (preempted; a gang's worker lost), cancelled, failed or succeeded. Returns
-    the new status. ``error_line(rank)``: the telling line of a worker's log."""
+    job is requeued (preempted; a gang's worker lost; it died before its code ran and has retries
+    left), cancelled, failed or succeeded. Returns the new status. ``error_line(rank)``: the
+    telling line of a worker's log; ``before_code``: the run failed before any of the user's code
+    ran (an infrastructure failure, retried up to ``startup_retries`` times)."""
     cause, why = row.stop_cause, row.stop_reason or ""
-    row.allocation = None
-    row.handle = None
+    _run_gone(row)
     row.exit_code = state.exit_code
     _clear_stop(row)
+    outcome = _released(row, cause, why, state, now, gang_restarts, error_line, before_code, startup_retries)
+    _close_attempt(row, outcome, now, cause, state.exit_code)
+    return row.status
+
+
+def _released(row: Any, cause: str | None, why: str, state: Any, now: float, gang_restarts: int,
+              error_line: Callable[[int], str], before_code: bool, startup_retries: int) -> str:
+    """The move of :func:`released`; returns the attempt's outcome."""
     if cause == StopCause.PREEMPT:
         row.preemptions += 1
         _move(row, D.QUEUED, f"requeued after preemption ({why}); it {_resume_words(row)}")
-        return row.status
+        return C.PREEMPTED
     if cause in (StopCause.DRAIN, StopCause.NODE_FAILURE):
         row.preemptions += 1
         row._gpupool_end_reason = DRAINED if cause == StopCause.DRAIN else NODE_FAILURE
         _move(row, D.QUEUED, f"requeued: {why}; it {_resume_words(row)}")
-        return row.status
+        return C.PREEMPTED
     if cause is None and state.state == LOST and (row.pods or 1) > 1 and row.restarts < gang_restarts:
         # a worker of a gang died (killed, its node failed): the whole gang starts again
         row.restarts += 1
         _move(row, D.QUEUED, f"requeued: {state.detail}; it {_resume_words(row)} "
                              f"(restart {row.restarts} of at most {gang_restarts})")
-        return row.status
+        return C.REQUEUED
+    failure, failed_exit = "", cause is None and state.state == EXITED and state.exit_code != 0
+    if failed_exit:
+        err = error_line(state.rank or 0)
+        if err and state.rank is not None:
+            err = f"worker {state.rank}: {err}"
+        failure = err or state.detail
+        if err and state.exit_code and state.exit_code > 128:
+            failure += f" ({state.detail})"
+    if failed_exit and before_code:
+        retried = sum(1 for a in row.history or [] if a.get("outcome") == C.RETRIED)
+        if retried < startup_retries:
+            _move(row, D.QUEUED, f"requeued: its run died before its code ran ({failure}), a failure of the "
+                                 f"machinery, not of the job; retry {retried + 1} of at most {startup_retries}")
+            return C.RETRIED
+        if startup_retries:
+            failure += f"; it died before its code ran in {retried + 1} attempts"
     row.finished_at = now
     if cause == StopCause.CANCEL:
         _move(row, D.CANCELLED, why or "cancelled")
@@ -191,13 +249,7 @@ def released(row: Any, state: Any, now: float, gang_restarts: int,
         what = "the notebook ran to the end" if not (row.command or row.script) else "the program exited with status 0"
         _move(row, D.SUCCEEDED, f"succeeded: {what}" + (f" in all {row.pods} workers" if (row.pods or 1) > 1 else ""))
     elif state.state == EXITED:
-        err = error_line(state.rank or 0)
-        if err and state.rank is not None:
-            err = f"worker {state.rank}: {err}"
-        reason = f"failed: {err}" if err else f"failed: {state.detail}"
-        if err and state.exit_code and state.exit_code > 128:
-            reason += f" ({state.detail})"
-        _move(row, D.FAILED, reason)
+        _move(row, D.FAILED, f"failed: {failure}")
     else:
         _move(row, D.FAILED, f"failed: {state.detail}")
     return row.status
@@ -214,7 +266,7 @@ def node_failed(row: Any, why: str, now: float) -> str:
     return released(row, RunState(LOST, None, why), now, gang_restarts=0)
 
 
-def workspace_released(row: Any) -> None:
+def workspace_released(row: Any, now: float) -> None:
     """A preempted workspace's grace period is over: its GPUs go back and it waits again."""
     why = row.stop_reason or "preempted"
     row.allocation = None
@@ -222,17 +274,20 @@ def workspace_released(row: Any) -> None:
     _clear_stop(row)
     row.preemptions += 1
     _move(row, D.QUEUED, f"requeued after preemption ({why})")
+    _close_attempt(row, C.PREEMPTED, now, StopCause.PREEMPT.value)
 
 
 def workspace_ended(row: Any, reason: str, now: float, suspended: bool = False) -> None:
     """A workspace gives its GPUs back for good: suspended by a rule, or its server is gone."""
     if suspended:
         row._gpupool_end_reason = SUSPENDED  # the ledger's end reason for this interval
+    cause = row.stop_cause
     row.allocation = None
     row.env = None
     row.finished_at = now
     _clear_stop(row)
     _move(row, D.CANCELLED, reason)
+    _close_attempt(row, C.SUSPENDED if suspended else C.CANCELLED, now, cause)
 
 
 # ---------------------------------------------------------------------------------- notes

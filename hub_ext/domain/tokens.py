@@ -1,5 +1,6 @@
 """Job tokens: minted by the service at each start of a job (``GPUPOOL_API_TOKEN`` in its
-environment); they grant reading that job and posting its metrics. Only the hash is stored."""
+environment); they grant reading that job and posting its metrics. Only the hash is stored, and
+the lifecycle clears it when the run ends (domain/lifecycle.py): the token is revoked."""
 from __future__ import annotations
 
 import hashlib

@@ -44,7 +44,7 @@ from ...scheduler.units import parse_bytes
 from ..domain import lifecycle, tokens
 from ..store import ledger
 from ..store import tables as D
-from . import jobfiles
+from . import attempts, jobfiles
 from .cycle_worker import Decider, QueueView, WorkerConfig
 from .jobspec import JobSpecs
 from .memory import MemoryEnforcer, fractional
@@ -231,7 +231,7 @@ class SchedulerLoop:
                         self._release(row, state, time.time())
                     else:
                         log.info("%s vanished while the service was down; requeued", row.public_id)
-                        lifecycle.vanished(row)
+                        lifecycle.vanished(row, time.time())
                 opened, closed = self.ledger.reconcile(s)
                 if opened or closed:
                     log.info("usage ledger: opened %d and closed %d records to match the allocations", opened, closed)
@@ -365,7 +365,10 @@ class SchedulerLoop:
         files = self.job_dir(row)
         was = row.stop_cause
         status = lifecycle.released(row, state, now, self.pool.gang_restarts,
-                                    error_line=lambda rank: jobfiles.error_line(files.worker_log(rank)))
+                                    error_line=lambda rank: jobfiles.error_line(files.worker_log(rank)),
+                                    before_code=state.state == EXITED and bool(state.exit_code)
+                                    and attempts.died_before_code(row, files, state.rank),
+                                    startup_retries=self.pool.startup_retries)
         if self.metrics is None or status == D.QUEUED and was != StopCause.PREEMPT:
             return
         if status == D.QUEUED:
@@ -408,7 +411,8 @@ class SchedulerLoop:
             s.commit()
             return
         token, token_hash = tokens.mint()
-        lifecycle.bind(row, allocation, bind.reason, now, token_hash=token_hash)
+        lifecycle.bind(row, allocation, bind.reason, now, token_hash=token_hash,
+                       resumed_from=attempts.resume_point(self.job_dir(row)))
         s.commit()  # write-ahead: the allocation is on disk before anything runs
         try:
             spec = self.job_spec(row, token)

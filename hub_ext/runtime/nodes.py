@@ -152,4 +152,4 @@ def workspace_grace_over(s: Any, row: D.Workload, now: float) -> None:
     if row.stop_cause == StopCause.DRAIN:
         suspend(s, row, row.stop_reason or "its node is being drained", now)
     else:
-        lifecycle.workspace_released(row)
+        lifecycle.workspace_released(row, now)

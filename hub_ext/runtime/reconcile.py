@@ -11,6 +11,11 @@ releases every active workspace whose server has been missing from those answers
 ``c.GPUPool.workspace_release_grace`` seconds. A released workspace ends ``cancelled`` with the
 reason (``released: the hub reports server alice/ not running ...``), and the log says so. When
 the hub cannot be asked (down, restarting, token without the scopes), nothing is released.
+
+The first check that gets an answer after the service started releases at once (no grace) every
+workspace that was there before the service started and whose server the hub does not have: its
+server stopped while the service was down (the hub stops its services before its servers), and no
+request of it can be in flight, so there is nothing to wait for.
 """
 from __future__ import annotations
 
@@ -51,6 +56,8 @@ class WorkspaceReconciler(Periodic):
         self.interval = interval
         self.grace = grace
         self.missing_since: dict[int, float] = {}  # workspace row id -> first check that missed its server
+        self.started_at = time.time()  # workspaces older than this are released at once by the first check
+        self._first = True
         # (user, server) -> the hub's last_activity of that server (ISO time) at the last check
         self.activity: dict[tuple[str, str], str | None] = {} if activity is None else activity
         self._warned = False
@@ -103,6 +110,7 @@ class WorkspaceReconciler(Periodic):
         if self._warned:
             log.info("JupyterHub answers again; checking workspaces against its servers")
             self._warned = False
+        first, self._first = self._first, False
         released: list[str] = []
         async with self.loop._lock:  # not in the middle of a scheduling cycle
             now = time.time()
@@ -115,10 +123,10 @@ class WorkspaceReconciler(Periodic):
                     if (row.user, row.server) in active or row.submitted_at >= asked_at:
                         self.missing_since.pop(row.id, None)  # present (or requested after we asked)
                         continue
-                    first = self.missing_since.setdefault(row.id, asked_at)
-                    if now - first < self.grace:
+                    since = self.missing_since.setdefault(row.id, asked_at)
+                    if now - since < self.grace and not (first and row.submitted_at < self.started_at):
                         continue
-                    self._release(row, now, now - first)
+                    self._release(row, now, now - since, at_start=first)
                     released.append(row.public_id)
                 if released:
                     s.commit()
@@ -128,12 +136,13 @@ class WorkspaceReconciler(Periodic):
             self.loop.wake()
         return released
 
-    def _release(self, row: D.Workload, now: float, missing_for: float) -> None:
+    def _release(self, row: D.Workload, now: float, missing_for: float, at_start: bool = False) -> None:
         where = f"{row.user}/{row.server}"
         held = row.allocation is not None
         what = format_gpus(row.gpus) if held and row.gpus else "nothing held yet"
-        reason = (f"released: the hub reports server {where} not running (missing for {missing_for:.0f} s; "
-                  f"its stop never reached the gpupool service)")
+        reason = (f"released: the hub reports server {where} not running ("
+                  + ("it stopped while the gpupool service was down)" if at_start else
+                     f"missing for {missing_for:.0f} s; its stop never reached the gpupool service)"))
         log.warning("released workspace %s (%s, %s, was %s): the hub reports server %s not running for %.0f s",
                     row.public_id, where, what, row.status, where, missing_for)
         lifecycle.workspace_ended(row, reason, now)

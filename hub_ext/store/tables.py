@@ -76,6 +76,10 @@ class Workload(Base):
     last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     checkpoint_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     env: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)  # workspace: env for the server
+    # its attempts, oldest first (written by domain/lifecycle.py only): [{"attempt", "started_at",
+    # "ended_at", "allocation", "outcome", "stop_cause", "reason", "exit_code", "resumed_from"}];
+    # NULL in rows from before the column existed
+    history: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True, default=list)
 
     __table_args__ = (Index("ix_workloads_status", "status"), Index("ix_workloads_type_user", "type", "user"))
 

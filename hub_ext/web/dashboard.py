@@ -79,8 +79,11 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
     pending, running = [], []
     for r in rows:
         pid = r.public_id
+        ended = [a for a in r.history or [] if a.get("outcome")]  # its attempts' history: the last end says why
         view = {"id": pid, "user": r.user, "queue": r.queue, "kind": r.kind, "gpus": r.gpus, "status": r.status,
-                "name": r.name if r.type == D.JOB else f"{r.user}/{r.server}"}
+                "name": r.name if r.type == D.JOB else f"{r.user}/{r.server}",
+                "marker": C.history_marker(r.status, r.attempt) if r.type == D.JOB else "",
+                "last_end": f'attempt {ended[-1]["attempt"]}: {ended[-1]["reason"]}' if ended else ""}
         if r.status == D.QUEUED and r.allocation is None:
             why = st.pending.get(pid)  # the scheduler's Pending: str() is its sentence
             view.update(wait=round(now - r.submitted_at), reason=str(why) if why is not None else r.reason,

@@ -280,6 +280,34 @@ class PlacementOut(Answer):
     fraction: float
 
 
+class RankPlacement(Answer):
+    rank: int
+    node: str
+    gpus: list[int]
+    fraction: float
+
+
+class ResumePoint(Answer):
+    checkpoint: str
+    step: Optional[int] = None
+
+
+class Attempt(Answer):
+    """One run of a job: when and where (each rank), how it ended and why, what it resumed from."""
+
+    attempt: int
+    started_at: str
+    ended_at: Optional[str] = None
+    placement: list[RankPlacement]
+    outcome: Optional[Literal[C.ATTEMPT_OUTCOMES]] = Field(  # type: ignore[valid-type]
+        None, description="how it ended; null while it runs")
+    stop_cause: Optional[Literal[C.STOP_CAUSES]] = Field(  # type: ignore[valid-type]
+        None, description="why it was asked to stop, when it was")
+    reason: Optional[str] = None
+    exit_code: Optional[int] = None
+    resumed_from: Optional[ResumePoint] = None
+
+
 ReasonCode = Annotated[Literal[C.REASON_CODES], Field(  # type: ignore[valid-type]
     description="why it waits, for programs (reason is the sentence for people); null when not waiting in a queue")]
 
@@ -319,6 +347,7 @@ class Job(Answer):
     command: Optional[list[str]] = None
     pods: int = 1
     workers: list[dict[str, Any]] = []
+    history: list[Attempt] = Field([], description="its attempts, oldest first")
 
 
 class JobList(Answer):
@@ -388,10 +417,8 @@ class Node(Answer):
     labels: dict[str, str]
     gpus: list[GpuOut]
     unschedulable_reason: Optional[str] = None
-    state: Literal[C.NODE_STATES] = Field(description="up; draining (drained, workloads still leaving it), drained; "  # type: ignore[valid-type]
-                                                      "failed")
-    state_reason: Optional[str] = Field(None, description="why it is out: who took it out and their words, or "
-                                                          "what the backend found (e.g. 'NotReady in Kubernetes')")
+    state: Literal[C.NODE_STATES] = Field(description="up; draining (drained, workloads still leaving it), drained; failed")  # type: ignore[valid-type]  # noqa: E501
+    state_reason: Optional[str] = Field(None, description="why it is out: who took it out and their words, or what the backend found (e.g. 'NotReady in Kubernetes')")  # noqa: E501
     state_source: Optional[str] = Field(None, description="'admin', or the backend that found it out")
 
 
@@ -401,7 +428,6 @@ class NodeList(Answer):
 
 class NodeAction(Node):
     """The node after ``POST nodes/{name}/drain|fail|return``."""
-
     workloads: list[str] = Field(description="the jobs and workspaces this action stopped or asked to stop now")
 
 

@@ -13,7 +13,7 @@ from . import schemas
 from .base import iso
 
 COLUMNS = frozenset(D.Workload.__table__.c.keys())
-JOB_COLUMNS = tuple(f for f in schemas.Job.model_fields if f in COLUMNS)
+JOB_COLUMNS = tuple(f for f in schemas.Job.model_fields if f in COLUMNS and f != "history")
 WORKSPACE_COLUMNS = tuple(f for f in schemas.Workspace.model_fields if f in COLUMNS and f != "env")
 
 
@@ -42,13 +42,35 @@ def job(state: Any, row: Any, metrics: dict | None = None) -> dict:
         ckpt = {"latest": row.checkpoint_path, "at": iso(row.last_checkpoint_at)}
     out.update(parameters=row.parameters or {}, finished_at=iso(row.finished_at), attempts=row.attempt,
                metrics=metrics if metrics is not None else {}, checkpoint=ckpt, pods=int(row.pods or 1),
-               workers=workers(row))
+               workers=workers(row), history=history(row))
     return schemas.Job.model_validate(out).model_dump(exclude_unset=True)
 
 
+def _ranks(allocation: list[dict] | None) -> dict[int, Any]:
+    """rank -> its placement (the contract's codec), of a stored allocation."""
+    return {p.pod: p for p in C.decode_allocation(allocation)}
+
+
+def history(row: Any) -> list[dict]:
+    """``schemas.Attempt`` of each attempt of a workload (its row's ``history``, lifecycle.py)."""
+    out = []
+    for a in row.history or []:
+        ranks = sorted(_ranks(a.get("allocation")).items())
+        out.append({**{k: a.get(k) for k in ("attempt", "outcome", "stop_cause", "reason", "exit_code",
+                                               "resumed_from")},
+                    "started_at": iso(a.get("started_at")), "ended_at": iso(a.get("ended_at")),
+                    "placement": [{"rank": rank, **C.allocation_to_api(C.encode_allocation([p]))[0]}
+                                  for rank, p in ranks]})
+    return out
+
+
 def workers(row: Any) -> list[dict]:
-    """The workers of a job (one for a plain job): rank, where it runs, its log (``?rank=``)."""
-    placed = {p.pod: p for p in C.decode_allocation(row.allocation)}
+    """The workers of a job (one for a plain job): rank, where it runs (a job that ended: where
+    its last attempt ran), its log (``?rank=``)."""
+    allocation = row.allocation
+    if allocation is None and row.status in C.ENDED and row.history:
+        allocation = row.history[-1].get("allocation")
+    placed = _ranks(allocation)
     out = []
     for rank in range(int(row.pods or 1)):
         p = placed.get(rank)
