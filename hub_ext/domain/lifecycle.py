@@ -28,6 +28,7 @@ allocation in the same transaction, store/ledger.py). They do no I/O: what a run
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from sqlalchemy import update
@@ -150,13 +151,13 @@ def readopted(row: Any, handle: Any) -> None:
         _move(row, D.RUNNING, f"running on {where(row.allocation)}")
 
 
-def vanished(row: Any, now: float) -> None:
+def vanished(row: Any, now: float | None = None) -> None:
     """After a restart of the service: its run is gone without an exit status."""
     _run_gone(row)
     row.restarts += 1
     _move(row, D.QUEUED, "requeued: its process was gone when the gpupool service restarted; "
                          "it resumes from its latest checkpoint")
-    _close_attempt(row, C.LOST, now)
+    _close_attempt(row, C.LOST, time.time() if now is None else now)
 
 
 def cancel_queued(row: Any, who: str, now: float) -> None:
@@ -266,7 +267,7 @@ def node_failed(row: Any, why: str, now: float) -> str:
     return released(row, RunState(LOST, None, why), now, gang_restarts=0)
 
 
-def workspace_released(row: Any, now: float) -> None:
+def workspace_released(row: Any, now: float | None = None) -> None:
     """A preempted workspace's grace period is over: its GPUs go back and it waits again."""
     why = row.stop_reason or "preempted"
     row.allocation = None
@@ -274,7 +275,7 @@ def workspace_released(row: Any, now: float) -> None:
     _clear_stop(row)
     row.preemptions += 1
     _move(row, D.QUEUED, f"requeued after preemption ({why})")
-    _close_attempt(row, C.PREEMPTED, now, StopCause.PREEMPT.value)
+    _close_attempt(row, C.PREEMPTED, time.time() if now is None else now, StopCause.PREEMPT.value)
 
 
 def workspace_ended(row: Any, reason: str, now: float, suspended: bool = False) -> None:
