@@ -410,12 +410,12 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     return best[1], only
 
 
-def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload],
-              mask: np.ndarray | None) -> tuple[Statement, tuple[PodPlacement, ...]] | None:
+def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload], mask: np.ndarray | None,
+              st: Statement | None = None) -> tuple[Statement, tuple[PodPlacement, ...]] | None:
     """Start carrying out a plan on the future view: remove the victims, place ``c`` and claim its
-    capacity. Returns the open Statement (the caller evicts, reserves and commits) and the
-    placements."""
-    st = Statement(ctx, ctx.future)
+    capacity. Returns the open Statement (``st``, or a new one; the caller evicts, reserves and
+    commits) and the placements."""
+    st = st if st is not None else Statement(ctx, ctx.future)
     for v in chosen:
         st.remove(v, v.placements)
     placements = ctx.place(c.restricted(mask), st)

@@ -135,14 +135,11 @@ def _combined(ctx: Cycle, c: Candidate, own: list[Workload]) -> bool:
         if found is None:
             st.rollback()
             continue
-        reclaimed, mask = found
-        for v in reclaimed:
-            st.remove(v, v.placements)
-        placements = ctx.place(c.restricted(mask), st)
-        if placements is None:  # cannot happen: the plan was probed
-            st.rollback()
+        reclaimed = found[0]
+        opened = make_room(ctx, c, reclaimed, found[1], st)
+        if opened is None:  # cannot happen: the plan was probed (make_room rolled everything back)
             return False
-        st.claim(w, amt)
+        placements = opened[1]
         for v in reclaimed:
             st.evict(v, Evict(v.id, Cause.RECLAIM.value, (
                 f"preempted: reclaimed by queue {w.queue} for its higher-priority {w.kind} workload {w.id}, "
