@@ -14,6 +14,7 @@ docs/scheduling.md states the promises this code keeps.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from .actions.allocate import allocate
@@ -21,8 +22,9 @@ from .actions.consolidate import consolidate
 from .actions.preempt import preempt
 from .actions.reclaim import reclaim
 from .cycle import SINCE, Candidate, Cycle
-from .model import RESOURCES, CycleResult, Phase, SchedulerConfig, Snapshot
+from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, SchedulerConfig, Snapshot
 from .placement import make_policy
+from .pools import PooledCycle, is_pooled
 from .reasons import Code, Pending
 
 Action = Callable[[Cycle, list[Candidate]], list[Candidate]]
@@ -43,12 +45,28 @@ class Scheduler:
                 raise ValueError(f"unknown action {a!r} (choose from {', '.join(ACTIONS)})")
         make_policy(self.config.placement)  # validate the name early
         self._policies: dict = {}  # placement policies kept across cycles (they cache per-node scores)
+        self._pool_policies: dict[str, dict] = {}  # the same, one set per node pool
         self.timer = timer
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
+        if is_pooled(snapshot):
+            return PooledCycle(snapshot, self._run_pool).run()
+        if any(q.pools for q in snapshot.queues):  # one pool, `default`: its quota may be in `pools`
+            snapshot = dataclasses.replace(snapshot, queues=[q.in_pool(DEFAULT_POOL) for q in snapshot.queues])
+        return self._run_one(snapshot, snapshot.usage.get(DEFAULT_POOL))
+
+    def _run_pool(self, snapshot: Snapshot, usage: dict | None, extra_demand: dict,
+                  just_bound: frozenset[str]) -> CycleResult:
+        policies = self._pool_policies.setdefault(snapshot.nodes[0].pool if snapshot.nodes else "", {})
+        return self._run_one(snapshot, usage, extra_demand, just_bound, policies)
+
+    def _run_one(self, snapshot: Snapshot, usage: dict | None = None, extra_demand: dict | None = None,
+                 just_bound: frozenset[str] = frozenset(), policies: dict | None = None) -> CycleResult:
+        """One cycle of the actions over ``snapshot`` (all of it one node pool)."""
         clock = self.timer
         t0 = clock() if clock else 0.0
-        ctx = Cycle(snapshot, self.config, self._policies)
+        ctx = Cycle(snapshot, self.config, self._policies if policies is None else policies, usage, extra_demand,
+                    just_bound)
         if clock:
             t1 = clock()
             ctx.result.actions_ms["snapshot"] = (t1 - t0) * 1e3

@@ -187,8 +187,16 @@ def fits_on(state: ClusterState, n: int, req: PodRequest) -> bool:
 class Cycle:
     """Working context of one scheduling cycle."""
 
-    def __init__(self, snap: Snapshot, cfg: SchedulerConfig, policies: dict | None = None):
+    def __init__(self, snap: Snapshot, cfg: SchedulerConfig, policies: dict | None = None,
+                 usage: dict[str, float] | None = None, extra_demand: dict[str, Vec] | None = None,
+                 just_bound: frozenset[str] = frozenset()):
+        """``usage``: past usage per queue (fairness over time); ``extra_demand``: what pending
+        workloads that are not candidates here also want of this capacity (queue -> amount; node
+        pools: a workload tried in another pool this round still counts as demand in the pools it
+        may fall back to); ``just_bound``: running workloads that were bound earlier in this same
+        cycle (an earlier round of a pool), which no action may preempt again."""
         self.snap = snap
+        self.just_bound = just_bound
         self.cfg = cfg
         self.now_t = snap.now
         self.tree = QueueTree(snap.queues)
@@ -280,9 +288,19 @@ class Cycle:
         cap = (float(self.now.num_gpus[self.now.schedulable].sum()),
                self._capacity(self.now.cpu_total) / MILLI, self._capacity(self.now.mem_total))
         self.capacity = dict(zip(RESOURCES, cap))
+        for q, v in (extra_demand or {}).items():
+            d = demand_leaf.get(q)
+            if d is not None:
+                d[0] += v[0]
+                d[1] += v[1]
+                d[2] += v[2]
         demand = {n: dict(zip(RESOURCES, v)) for n, v in demand_leaf.items()}
         self.demand_gpu = self.tree.rollup({n: v[0] for n, v in demand_leaf.items()})  # running + pending
-        self.fair = fair_shares(self.tree, demand, self.capacity)
+        k = cfg.fairness_k if usage else 0.0
+        self.fair = fair_shares(self.tree, demand, self.capacity, usage=usage, k=k)
+        # fairness over time: the GPU shares past usage did not move (None: it moves none)
+        self.fair_plain = fair_shares(self.tree, demand, self.capacity, ("gpu",)) if k else None
+        self.usage = usage or {}
         # GPUs each queue is guaranteed (its deserved quota as far as it wants it, shrunk in
         # proportion where the quotas over-commit what there is): what reclaim takes back for it
         self.guar = guarantees(self.tree, demand, self.capacity["gpu"])
@@ -742,9 +760,11 @@ class Cycle:
         hit = self.cache.get("preemptible")
         if hit is None:
             t, ok, young = self.now_t, [], []
+            fresh = self.just_bound
             for w in self.running:
                 if w.preemptible:
-                    (ok if w.started_at is None or t - w.started_at >= self.cfg.min_runtime else young).append(w)
+                    (ok if (w.started_at is None or t - w.started_at >= self.cfg.min_runtime) and w.id not in fresh
+                     else young).append(w)
             hit = self.cache["preemptible"] = (ok, young)
         ev = self.evicted
         if protected is not None:

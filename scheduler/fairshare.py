@@ -11,6 +11,13 @@ Per resource, top-down through the queue tree (docs/scheduling.md has worked exa
    ``priority`` are served first, and only what they cannot use goes to the next priority.
 4. A department's demand is the sum of its children's demand.
 
+**Fairness over time** (``usage`` and ``k``): in step 3, each round of the water-fill weighs a child
+by ``max(0, w + k * (w - u))`` instead of ``w``, where ``w`` is its weight normalised over the
+children still taking part and ``u`` its past usage (its GPU-seconds over the window as a share of
+the capacity's; KAI-Scheduler's formula). A queue that used more than its weight's share gets less
+of what is lent beyond deserved quotas, one that used less gets more; steps 1-2 (deserved quotas)
+never move.
+
 ``guarantees`` gives each queue's **guarantee**: ``min(deserved, demand)`` (capped by its limit),
 shrunk in proportion wherever the guarantees of one level add up to more than what that level is
 guaranteed itself (the cluster's capacity at the top, the parent's guarantee below). Without
@@ -29,12 +36,29 @@ from .model import RESOURCES, QueueSpec
 EPS = 1e-9
 
 
-def _waterfill(amount: float, caps: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+def _adjusted(active: list[str], weights: Mapping[str, float], usage: Mapping[str, float], k: float) -> dict[str, float]:
+    """The weights of one water-fill round under fairness over time (module doc); the plain
+    weights when every adjusted one is 0."""
+    total = sum(weights[n] for n in active)
+    out = {}
+    for n in active:
+        w = weights[n] / total
+        out[n] = max(0.0, w + k * (w - usage.get(n, 0.0)))
+    return out if sum(out.values()) > EPS else {n: weights[n] for n in active}
+
+
+def _waterfill(amount: float, caps: dict[str, float], weights: dict[str, float],
+               usage: Mapping[str, float] | None = None, k: float = 0.0) -> dict[str, float]:
     """Split ``amount`` in proportion to ``weights``, each name capped by ``caps``; leftover from
-    capped names flows to the others. Names with weight 0 get nothing."""
+    capped names flows to the others. Names with weight 0 get nothing. With ``usage`` and ``k``,
+    each round's weights are adjusted for past usage (``_adjusted``)."""
     give = {n: 0.0 for n in caps}
     active = [n for n in caps if caps[n] > EPS and weights.get(n, 0) > 0]
+    plain = weights
     while amount > EPS and active:
+        if usage and k:
+            weights = _adjusted(active, plain, usage, k)
+            active = [n for n in active if weights[n] > 0]
         total_w = sum(weights[n] for n in active)
         capped = []
         for n in active:
@@ -55,8 +79,10 @@ def _waterfill(amount: float, caps: dict[str, float], weights: dict[str, float])
     return give
 
 
-def divide(amount: float, children: list[QueueSpec], demand: Mapping[str, float], resource: str) -> dict[str, float]:
-    """One level of the division: returns each child's fair share of ``amount``."""
+def divide(amount: float, children: list[QueueSpec], demand: Mapping[str, float], resource: str,
+           usage: Mapping[str, float] | None = None, k: float = 0.0) -> dict[str, float]:
+    """One level of the division: returns each child's fair share of ``amount`` (``usage``/``k``:
+    fairness over time, for the part beyond deserved quotas)."""
     cap = {}
     for q in children:
         c = demand.get(q.name, 0.0)
@@ -74,7 +100,7 @@ def divide(amount: float, children: list[QueueSpec], demand: Mapping[str, float]
             break
         group = [q for q in children if q.priority == prio]
         room = {q.name: cap[q.name] - share[q.name] for q in group}
-        extra = _waterfill(rest, room, {q.name: q.over_quota_weight for q in group})
+        extra = _waterfill(rest, room, {q.name: q.over_quota_weight for q in group}, usage, k)
         for n, v in extra.items():
             share[n] += v
             rest -= v
@@ -160,11 +186,13 @@ def guarantees(tree: QueueTree, demand: Mapping[str, Mapping[str, float]], capac
 
 
 def fair_shares(tree: QueueTree, demand: Mapping[str, Mapping[str, float]],
-                capacity: Mapping[str, float], resources: Iterable[str] = RESOURCES) -> dict[str, dict[str, float]]:
+                capacity: Mapping[str, float], resources: Iterable[str] = RESOURCES,
+                usage: Mapping[str, float] | None = None, k: float = 0.0) -> dict[str, dict[str, float]]:
     """Fair share of every queue (departments included) for each resource.
 
     ``demand[leaf][resource]`` is what the leaf's workloads ask for (running + pending);
-    ``capacity[resource]`` is the cluster's total.
+    ``capacity[resource]`` is the cluster's total. ``usage[queue]`` (any level) and ``k``: fairness
+    over time for GPUs (module doc).
     """
     out: dict[str, dict[str, float]] = {name: {} for name in tree.queues}
     for res in resources:
@@ -176,7 +204,7 @@ def fair_shares(tree: QueueTree, demand: Mapping[str, Mapping[str, float]],
             kids = tree.children.get(parent, [])
             if not kids:
                 continue
-            shares = divide(amount, kids, rolled, res)
+            shares = divide(amount, kids, rolled, res, usage if res == "gpu" else None, k)
             for q in kids:
                 out[q.name][res] = shares[q.name]
                 stack.append((q.name, shares[q.name]))

@@ -33,6 +33,19 @@ DEFAULT_PREEMPTIBLE = {"interactive": False, "inference": False, "train": True, 
 # GPU shares are tracked in milli-GPU integers so that fractions add up exactly.
 MILLI = 1000
 
+# The node pool of a node that names none, and the pool a queue's top-level quota is for.
+DEFAULT_POOL = "default"
+
+
+@dataclass(frozen=True)
+class PoolQuota:
+    """A queue's quota in one node pool (``QueueSpec.pools``). ``over_quota_weight`` None: the
+    queue's top-level weight."""
+
+    deserved: dict[str, float] = field(default_factory=dict)
+    limit: dict[str, float] = field(default_factory=dict)
+    over_quota_weight: float | None = None
+
 
 @dataclass(frozen=True)
 class QueueSpec:
@@ -48,6 +61,20 @@ class QueueSpec:
     limit: dict[str, float] = field(default_factory=dict)
     over_quota_weight: float = 1.0
     priority: int = 0
+    # quotas per node pool; ``deserved``/``limit``/``over_quota_weight`` above are the quota in
+    # pool ``default``, and a pool not listed here gives 0 deserved, no limit, the same weight
+    pools: dict[str, PoolQuota] = field(default_factory=dict)
+
+    def in_pool(self, pool: str) -> "QueueSpec":
+        """This queue as pool ``pool`` sees it: that pool's quota in place of the top-level one."""
+        quota = self.pools.get(pool)
+        if quota is None:
+            if pool == DEFAULT_POOL:
+                return self if not self.pools else QueueSpec(self.name, self.parent, self.deserved, self.limit,
+                                                             self.over_quota_weight, self.priority)
+            return QueueSpec(self.name, self.parent, {}, {}, self.over_quota_weight, self.priority)
+        weight = self.over_quota_weight if quota.over_quota_weight is None else quota.over_quota_weight
+        return QueueSpec(self.name, self.parent, dict(quota.deserved), dict(quota.limit), weight, self.priority)
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,7 @@ class NodeSpec:
     memory: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     schedulable: bool = True
+    pool: str = DEFAULT_POOL  # the node pool it belongs to (each pool divided by its own quotas)
 
 
 class Phase(str, enum.Enum):
@@ -106,6 +134,9 @@ class Workload:
     priority: int | None = None
     preemptible: bool | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
+    # node pools it may run in, in order of preference; empty: any pool, preferring those where
+    # its queue has the most deserved quota free
+    pools: tuple[str, ...] = ()
     submit_time: float = 0.0
     # What the scheduler needs to know to pick victims that lose the least work.
     checkpoint_on_signal: bool = False
@@ -162,6 +193,9 @@ class Snapshot:
     queues: list[QueueSpec]
     workloads: list[Workload]
     reservations: list[Reservation] = field(default_factory=list)
+    # past usage for fairness over time: pool -> queue -> GPU usage over the window, normalised
+    # to the pool's capacity over the same window (scheduler/usage.py computes it); empty: none
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -182,6 +216,9 @@ class SchedulerConfig:
     # 256 MiB; 0 keeps the whole memory, as scenarios without the setting do)
     gpu_memory_reserve: float = 0.0
     gpu_memory_reserve_min: int = 0
+    # fairness over time: how strongly past usage (Snapshot.usage) moves the division of the
+    # capacity beyond deserved quotas (KAI-Scheduler's k; 0: past usage has no effect)
+    fairness_k: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -211,3 +248,7 @@ class CycleResult:
     actions_ms: dict[str, float] = field(default_factory=dict)  # filled by adapters that time actions
     reservations: list[Reservation] = field(default_factory=list)  # hand back in the next Snapshot
     dropped: dict[str, str] = field(default_factory=dict)  # workload id -> why its reservation was dropped
+    # per node pool (only when there are several, or one not named ``default``): pool -> queue ->
+    # resource -> amount; ``fair_share`` and ``allocated`` above are their sums over the pools
+    pool_fair_share: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    pool_allocated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)

@@ -32,6 +32,10 @@ class Code(str, enum.Enum):
     RELEASING = "waiting-for-release"  # fits once preempted workloads have released their GPUs
     NO_QUEUE = "no-queue"  # its queue does not exist (removed from the configuration)
     BEHIND = "behind-higher-priority"  # a higher-priority workload of its queue waits to preempt first
+    # fairness over time: at its fair share, which past usage lowered (the same wait as FAIR_SHARE)
+    FAIR_SHARE_USAGE = "fair-share-lowered-by-usage"
+    NO_POOL = "no-pool"  # none of the node pools it may use has a node
+    NO_POOL_QUOTA = "no-pool-quota"  # in every pool it may use, its queue may hold nothing of this kind
 
 
 class Cause(str, enum.Enum):
@@ -115,6 +119,15 @@ def _sentence(p: Pending) -> str:
         shrunk = " (the deserved quotas add up to more than the cluster has)" if d.get("overcommitted") else ""
         return (f"{_capacity(d)}; {q} holds {_gpus(d['held'])} and this would take it above its fair share "
                 f"of {_gpus(d['fair'])}{shrunk}, so it waits for idle GPUs instead of reclaiming")
+    if c is Code.FAIR_SHARE_USAGE:
+        return (f"{_capacity(d)}; {q} holds {_gpus(d['held'])} and this would take it above its fair share "
+                f"of {_gpus(d['fair'])}, lowered from {_gpus(d['plain'])} by its past usage "
+                f"({100 * d['usage']:.0f}% of the capacity over the fairness window), so it waits for idle GPUs")
+    if c is Code.NO_POOL:
+        return f"no node in node pool {', '.join(d['pools'])}"
+    if c is Code.NO_POOL_QUOTA:
+        return (f"{q} may not run {d['kind']} workloads of this size in node pool {', '.join(d['pools'])}: "
+                f"it has no deserved quota there for non-preemptible work, or a limit of 0")
     if c is Code.FRAGMENTED:
         if d.get("own_gpus"):
             return (f"waiting for {_what(d)}: {d.get('free', 0.0):g} GPUs are free, but not {d['own_gpus']} "
@@ -153,4 +166,6 @@ def describe(p: Pending) -> str:
     """The one sentence a person reads for ``p``."""
     if p.code is Code.NO_QUEUE:
         return f"waiting: {_sentence(p)}"
-    return f"queued in {p.queue}: position {p.position}, {_sentence(p)}"
+    pool = p.detail.get("pool")
+    where = f" (node pool {pool})" if pool and p.code not in (Code.NO_POOL, Code.NO_POOL_QUOTA) else ""
+    return f"queued in {p.queue}: position {p.position}, {_sentence(p)}{where}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .model import KINDS, RESOURCES, NodeSpec, QueueSpec, Workload
+from .model import DEFAULT_POOL, KINDS, RESOURCES, NodeSpec, PoolQuota, QueueSpec, Workload
 from .units import parse_bytes, parse_cpu
 
 
@@ -80,7 +80,33 @@ def _resources(value: Any, path: str) -> dict[str, float]:
     return out
 
 
-QUEUE_FIELDS = ("name", "parent", "deserved", "limit", "over_quota_weight", "priority")
+QUEUE_FIELDS = ("name", "parent", "deserved", "limit", "over_quota_weight", "priority", "pools")
+POOL_QUOTA_FIELDS = ("deserved", "limit", "over_quota_weight")
+
+
+def _pool_name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(path, "must be a non-empty pool name")
+    return value
+
+
+def _pool_quotas(value: Any, path: str) -> dict[str, PoolQuota]:
+    out = {}
+    for pool, entry in _mapping(value, path).items():
+        p = f"{path}.{pool}"
+        _pool_name(pool, p)
+        entry = _mapping(entry if entry is not None else {}, p)
+        _check_keys(entry, POOL_QUOTA_FIELDS, p)
+        weight = entry.get("over_quota_weight")
+        if weight is not None:
+            weight = float(_number(weight, f"{p}.over_quota_weight", minimum=0))
+        quota = PoolQuota(deserved=_resources(entry.get("deserved", {}) or {}, f"{p}.deserved"),
+                          limit=_resources(entry.get("limit", {}) or {}, f"{p}.limit"), over_quota_weight=weight)
+        for res, lim in quota.limit.items():
+            if lim < quota.deserved.get(res, 0):
+                raise SpecError(f"{p}.limit.{res}", f"limit {lim:g} is below deserved {quota.deserved[res]:g}")
+        out[pool] = quota
+    return out
 
 
 def parse_queue(entry: Any, path: str, extra_fields: Iterable[str] = ()) -> QueueSpec:
@@ -96,6 +122,7 @@ def parse_queue(entry: Any, path: str, extra_fields: Iterable[str] = ()) -> Queu
         limit=_resources(entry.get("limit", {}) or {}, f"{path}.limit"),
         over_quota_weight=float(_number(entry.get("over_quota_weight", 1), f"{path}.over_quota_weight", minimum=0)),
         priority=int(_number(entry.get("priority", 0), f"{path}.priority", integer=True)),
+        pools=_pool_quotas(entry.get("pools", {}) or {}, f"{path}.pools"),
     )
 
 
@@ -125,10 +152,17 @@ def parse_queues(entries: Any, path: str = "queues", extra_fields: Iterable[str]
     return queues
 
 
-def over_committed(queues: list[QueueSpec], capacity: float | None = None, resource: str = "gpu") -> list[str]:
+def over_committed(queues: list[QueueSpec], capacity: float | None = None, resource: str = "gpu",
+                   pool: str | None = None) -> list[str]:
     """Where deserved quotas add up to more than there is: departments whose children deserve more
     than the department (and the top level, against ``capacity`` when given). Not an error: the
-    guarantees shrink in proportion (docs/scheduling.md, over-committed quotas)."""
+    guarantees shrink in proportion (docs/scheduling.md, over-committed quotas). ``pool``: the
+    quotas of that node pool (None: every pool any queue names, ``capacity`` then for ``default``)."""
+    if pool is None:
+        pools = sorted({p for q in queues for p in q.pools} - {DEFAULT_POOL})
+        return [*over_committed(queues, capacity, resource, DEFAULT_POOL),
+                *(f"in node pool {p}: {m}" for p in pools for m in over_committed(queues, None, resource, p))]
+    queues = [q.in_pool(pool) for q in queues]
     out = []
     by_parent: dict[str | None, list[QueueSpec]] = {}
     for q in queues:
@@ -145,7 +179,7 @@ def over_committed(queues: list[QueueSpec], capacity: float | None = None, resou
     return out
 
 
-NODE_FIELDS = ("name", "count", "gpus", "gpu_memory", "gpu_model", "cpu", "memory", "labels")
+NODE_FIELDS = ("name", "count", "gpus", "gpu_memory", "gpu_model", "cpu", "memory", "labels", "pool")
 
 
 def parse_nodes(entries: Any, path: str = "cluster.nodes") -> list[NodeSpec]:
@@ -179,10 +213,11 @@ def parse_nodes(entries: Any, path: str = "cluster.nodes") -> list[NodeSpec]:
         model = entry.get("gpu_model", "")
         if not isinstance(model, str):
             raise SpecError(f"{p}.gpu_model", "must be a string")
+        pool = _pool_name(entry.get("pool", DEFAULT_POOL), f"{p}.pool")
         names = [name] if "count" not in entry else [f"{name}-{k}" for k in range(count)]
         for n in names:
             nodes.append(NodeSpec(name=n, gpus=gpus, gpu_memory=gpu_memory, gpu_model=model,
-                                  cpu=cpu, memory=memory, labels=labels))
+                                  cpu=cpu, memory=memory, labels=labels, pool=pool))
     seen: set[str] = set()
     for n in nodes:
         if n.name in seen:
@@ -193,7 +228,7 @@ def parse_nodes(entries: Any, path: str = "cluster.nodes") -> list[NodeSpec]:
 
 WORKLOAD_FIELDS = ("name", "queue", "user", "kind", "submit_at", "duration", "gpus", "gpu_memory", "cpu",
                    "memory", "pods", "priority", "preemptible", "checkpoint_every", "checkpoint_on_signal",
-                   "node_selector")
+                   "node_selector", "pools")
 
 
 def parse_workload(entry: Any, path: str, queues: dict[str, QueueSpec] | None = None,
@@ -256,9 +291,15 @@ def parse_workload(entry: Any, path: str, queues: dict[str, QueueSpec] | None = 
     user = entry.get("user", "")
     if not isinstance(user, str):
         raise SpecError(f"{path}.user", "must be a string")
+    pools = entry.get("pools") or []
+    if isinstance(pools, str):
+        pools = [pools]
+    pools = [_pool_name(x, f"{path}.pools[{i}]") for i, x in enumerate(_list(pools, f"{path}.pools"))]
+    if len(set(pools)) != len(pools):
+        raise SpecError(f"{path}.pools", "lists a pool twice")
     return Workload(
         id=wid, queue=queue, user=user, kind=kind, gpus=gpus, gpu_memory=gpu_memory, cpu=cpu,
         memory=memory, pods=pods, priority=priority, preemptible=preemptible,
-        node_selector={str(k): str(v) for k, v in selector.items()},
+        node_selector={str(k): str(v) for k, v in selector.items()}, pools=tuple(pools),
         submit_time=float(entry.get("submit_at", 0) or 0), checkpoint_on_signal=cos,
     )

@@ -173,7 +173,6 @@ MALFORMED = [
     ("workloads", {"a": 1}, "workloads: must be a list"),
     ("workloads[0].queue", "research", "workloads[0].queue: 'research' is a department"),
     ("workloads[0].queue", "nowhere", "workloads[0].queue: unknown queue 'nowhere'"),
-    ("workloads[0].duration", DELETE, "workloads[0].duration: is required"),
     ("workloads[0].duration", 0, "workloads[0].duration: must be > 0"),
     ("workloads[0].count", 0, "workloads[0].count: must be an integer >= 1"),
     ("workloads[1].submit_every", 5, "workloads[1].submit_every: only makes sense with count"),

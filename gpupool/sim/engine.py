@@ -47,8 +47,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpupool.scheduler.model import MILLI, Bind, CycleResult, Evict, Phase, SchedulerConfig, Snapshot, Workload
+from gpupool.scheduler.model import (DEFAULT_POOL, MILLI, Bind, CycleResult, Evict, Phase, SchedulerConfig, Snapshot,
+                                     Workload)
 from gpupool.scheduler.reasons import Cause
+from gpupool.scheduler.usage import UsageHistory
 
 from ..gcpause import paused_gc
 from .scenario import NodeEvent, Scenario, WorkloadEntry, fresh_workloads
@@ -133,8 +135,25 @@ def _fmt(x: float) -> str:
 
 def never_runs(w: Workload, scenario: Scenario) -> str | None:
     """Why ``w`` can never run in this cluster and queue tree, or None. Decided from the specs
-    alone (capacity of matching nodes, quotas and limits), never from the current load."""
-    nodes = [n for n in scenario.nodes if n.schedulable and _matches(n, w.node_selector)]
+    alone (capacity of matching nodes, quotas and limits), never from the current load. With node
+    pools: when it can run in none of the pools it may use (the reason its first pool gives)."""
+    pools = sorted({n.pool for n in scenario.nodes})
+    if len(pools) <= 1 and not w.pools and not any(q.pools for q in scenario.queues):
+        return _never_runs_in(w, scenario.nodes, scenario.queues)
+    allowed = [p for p in w.pools if p in pools] if w.pools else pools
+    if not allowed:
+        return f"no node in node pool {', '.join(w.pools)}"
+    first = None
+    for p in allowed:
+        why = _never_runs_in(w, [n for n in scenario.nodes if n.pool == p], [q.in_pool(p) for q in scenario.queues])
+        if why is None:
+            return None
+        first = first or f"in node pool {p}: {why}"
+    return first
+
+
+def _never_runs_in(w: Workload, all_nodes: list, queue_specs: list) -> str | None:
+    nodes = [n for n in all_nodes if n.schedulable and _matches(n, w.node_selector)]
     if not nodes:
         sel = ", ".join(f"{k}={v}" for k, v in w.node_selector.items())
         return f"node_selector {sel} matches no node"
@@ -176,7 +195,7 @@ def never_runs(w: Workload, scenario: Scenario) -> str | None:
                 f"{sum(k for _, k, _ in usable)} of them")
     share = min(s for _, _, s in usable)  # the least GPU share one pod can take
     total = share * w.pods
-    queues = {q.name: q for q in scenario.queues}
+    queues = {q.name: q for q in queue_specs}
     q = queues[w.queue]
     if not w.preemptible:
         deserved = q.deserved.get("gpu", 0.0)
@@ -212,7 +231,8 @@ class Engine:
             scheduler = Scheduler(SchedulerConfig(min_runtime=cfg.min_runtime, preemption_grace=cfg.preemption_grace,
                                                   placement=cfg.placement, topology_key=cfg.topology_key, seed=seed,
                                                   gpu_memory_reserve=cfg.gpu_memory_reserve,
-                                                  gpu_memory_reserve_min=cfg.gpu_memory_reserve_min),
+                                                  gpu_memory_reserve_min=cfg.gpu_memory_reserve_min,
+                                                  fairness_k=cfg.fairness.k if cfg.fairness else 0.0),
                                   timer=time.perf_counter)  # per-action timing for the report
         self.scheduler = scheduler
         self.on_cycle = on_cycle
@@ -227,6 +247,16 @@ class Engine:
         self.nodes = list(scenario.nodes)
         self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
         self.node_state = {n.name: "up" for n in self.nodes}  # up | drained | failed
+        # node pools: the report and the timeline say what happened per pool when there are pools
+        self._node_pool = {n.name: n.pool for n in self.nodes}
+        self.pools = sorted({n.pool for n in self.nodes}) or [DEFAULT_POOL]
+        self.pooled = self.pools != [DEFAULT_POOL] or any(q.pools for q in scenario.queues)
+        self.pool_gpu_seconds: dict[tuple[str, str], float] = {}  # (pool, leaf queue) -> GPU-seconds
+        self.pool_fair_integral: dict[tuple[str, str], float] = {}  # (pool, queue) -> fair share x time
+        self._pool_fair_now: dict[tuple[str, str], float] = {}
+        # fairness over time: usage accumulates as the replay goes (scheduler/usage.py)
+        self.usage = UsageHistory(cfg.fairness) if cfg.fairness else None
+        self._usage_since = 0.0
         self._out_since: dict[str, float] = {}  # node -> when it left service
         self.node_log: list[dict] = []  # the node events carried out (the report's node_events)
         self.cause_counts: dict[str, int] = {}  # preemptions per cause (scheduler's and node events')
@@ -258,6 +288,8 @@ class Engine:
     def _push(self, t: float, kind: str, sw: SimWorkload | None) -> None:
         # at equal times: releases and finishes before submissions, so freed capacity is visible
         # then node events (a workload that finished at that moment is not hit by them)
+        if t == math.inf:  # a workload without a duration never finishes
+            return
         order = {"finish": 0, "release": 0, "node": 1, "submit": 2, "wake": 3}[kind]
         self._seq += 1
         heapq.heappush(self._heap, (t, order, self._seq, kind, sw.index if sw else -1, sw.version if sw else 0))
@@ -288,9 +320,16 @@ class Engine:
         self.events.append(ev)
 
     # -- state changes ---------------------------------------------------------------------------
+    def _pool_of(self, sw: SimWorkload) -> str:
+        pl = sw.w.placements
+        return self._node_pool.get(pl[0].node, DEFAULT_POOL) if pl else DEFAULT_POOL
+
     def _free(self, sw: SimWorkload, t: float) -> None:
         if sw.run_start is not None:
             self.leaf_gpu_seconds[sw.w.queue] += (t - sw.run_start) * sw.gpu_share
+            if self.pooled:
+                key = (self._pool_of(sw), sw.w.queue)
+                self.pool_gpu_seconds[key] = self.pool_gpu_seconds.get(key, 0.0) + (t - sw.run_start) * sw.gpu_share
         out = self._out_since and any(p.node in self._out_since for p in sw.w.placements)
         sw.w.placements = ()
         sw.gpu_share = 0.0
@@ -483,14 +522,41 @@ class Engine:
             if sw.state in ("running", "releasing"):
                 ct, _ = sw.last_checkpoint(t)
                 sw.w.last_checkpoint_at = ct
+        usage = {}
+        if self.usage is not None:
+            self._record_usage(t)
+            usage = self.usage.by_pool(t)
         return Snapshot(now=t, nodes=self.nodes, queues=self.scenario.queues,
-                        workloads=[sw.w for sw in self._active.values()], reservations=self.reservations)
+                        workloads=[sw.w for sw in self._active.values()], reservations=self.reservations,
+                        usage=usage)
+
+    def allocated_by_pool(self) -> dict[str, dict[str, float]]:
+        """GPUs held right now per pool and queue, departments summing their children."""
+        leaf: dict[str, dict[str, float]] = {p: {} for p in self.pools}
+        for sw in self._active.values():
+            if sw.state in ("running", "releasing") and sw.w.placements:
+                lp = leaf.setdefault(self._pool_of(sw), {})
+                lp[sw.w.queue] = lp.get(sw.w.queue, 0.0) + sw.gpu_share
+        return {p: self._roll_up(v) for p, v in leaf.items()}
+
+    def _record_usage(self, t: float) -> None:
+        """What every queue held since the last cycle, and each pool's capacity, into the history."""
+        if t > self._usage_since:
+            used = {(p, q): v for p, qs in self.allocated_by_pool().items() for q, v in qs.items() if v}
+            cap: dict[str, float] = {}
+            for n in self.nodes:
+                if n.schedulable:
+                    cap[n.pool] = cap.get(n.pool, 0.0) + n.gpus
+            self.usage.record(self._usage_since, t, used, cap)
+        self._usage_since = t
 
     def _accumulate_fair(self, t: float) -> None:
         dt = t - self._fair_since
         if dt > 0:
             for q, v in self._fair_now.items():
                 self.fair_integral[q] += v * dt
+            for k, v in self._pool_fair_now.items():
+                self.pool_fair_integral[k] = self.pool_fair_integral.get(k, 0.0) + v * dt
         self._fair_since = t
 
     def _cycle(self, t: float) -> bool:
@@ -514,10 +580,26 @@ class Engine:
                 sw.position = result.positions.get(sw.name, sw.position)
         self._accumulate_fair(t)
         self._fair_now = {q: float(result.fair_share.get(q, {}).get("gpu", 0.0)) for q in self._fair_now}
+        if self.pooled:
+            self._pool_fair_now = {(p, q): float(v.get("gpu", 0.0))
+                                   for p, shares in (result.pool_fair_share or {DEFAULT_POOL: result.fair_share}).items()
+                                   for q, v in shares.items()}
         if result.binds:  # only a bind can break them (evictions keep resources, releases free them)
             self.violations.extend(f"t={t:g}: {v}" for v in self.check_invariants())
         record = CycleRecord(t, result, ms)
         entry = {"t": t, "queues": self._queue_state()}
+        if self.pooled:
+            by_pool = self.allocated_by_pool()
+            entry["pools"] = {p: {q.name: {"allocated_gpu": round(by_pool.get(p, {}).get(q.name, 0.0), 6),
+                                           "fair_share_gpu": round(self._pool_fair_now.get((p, q.name), 0.0), 6)}
+                                  for q in self.scenario.queues} for p in self.pools}
+        if self.usage is not None:
+            for p, qs in snap.usage.items():
+                for q, v in qs.items():
+                    if self.pooled:
+                        entry["pools"][p][q]["usage"] = round(v, 6)
+                    elif q in entry["queues"]:
+                        entry["queues"][q]["usage"] = round(v, 6)
         if self.scenario.events:
             entry["capacity_gpu"] = sum(n.gpus for n in self.nodes if n.schedulable)
         self.timeline.append(entry)
@@ -533,8 +615,9 @@ class Engine:
         gpu_use: dict[tuple[str, int], int] = {}
         cpu_use: dict[str, float] = {}
         mem_use: dict[str, int] = {}
-        leaf = {q: 0.0 for q in self.scenario.leaves}
-        fixed = {q: 0.0 for q in self.scenario.leaves}
+        pool_of = self._node_pool
+        leaf: dict[str, dict[str, float]] = {}  # pool -> leaf queue -> GPUs
+        fixed: dict[str, dict[str, float]] = {}
         for sw in self._active.values():
             if sw.state not in ("running", "releasing"):
                 continue
@@ -548,9 +631,12 @@ class Engine:
                 cpu_use[p.node] = cpu_use.get(p.node, 0.0) + w.cpu
                 mem_use[p.node] = mem_use.get(p.node, 0) + w.memory
                 share += len(p.gpus) * p.fraction
-            leaf[w.queue] += share
+            pool = pool_of.get(w.placements[0].node, DEFAULT_POOL) if w.placements else DEFAULT_POOL
+            lp = leaf.setdefault(pool, {})
+            lp[w.queue] = lp.get(w.queue, 0.0) + share
             if not w.preemptible:
-                fixed[w.queue] += share
+                fp = fixed.setdefault(pool, {})
+                fp[w.queue] = fp.get(w.queue, 0.0) + share
         for (node, g), milli in sorted(gpu_use.items()):
             if milli > MILLI:
                 out.append(f"GPU {g} of {node} holds {milli} milli-GPU (more than one GPU)")
@@ -560,14 +646,18 @@ class Engine:
                 out.append(f"node {name} holds {used:g} cores of {n.cpu:g}")
             if n.memory is not None and mem_use[name] > n.memory:
                 out.append(f"node {name} holds {mem_use[name]} bytes of memory of {n.memory}")
-        total = self._roll_up(leaf)
-        for q in self.scenario.queues:
-            lim = q.limit.get("gpu")
-            if lim is not None and total[q.name] > lim + EPS:
-                out.append(f"queue {q.name} holds {total[q.name]:g} GPUs, above its limit {lim:g}")
-            if q.name in fixed and fixed[q.name] > q.deserved.get("gpu", 0.0) + EPS:
-                out.append(f"queue {q.name}'s non-preemptible workloads hold {fixed[q.name]:g} GPUs, "
-                           f"above its deserved {q.deserved.get('gpu', 0.0):g}")
+        for pool, held in sorted(leaf.items()):
+            total = self._roll_up(held)
+            where = f" in node pool {pool}" if self.pooled else ""
+            for spec in self.scenario.queues:
+                q = spec.in_pool(pool)
+                lim = q.limit.get("gpu")
+                if lim is not None and total[q.name] > lim + EPS:
+                    out.append(f"queue {q.name} holds {total[q.name]:g} GPUs{where}, above its limit {lim:g}")
+                nonpre = fixed.get(pool, {}).get(q.name)
+                if nonpre is not None and nonpre > q.deserved.get("gpu", 0.0) + EPS:
+                    out.append(f"queue {q.name}'s non-preemptible workloads hold {nonpre:g} GPUs{where}, "
+                               f"above its deserved {q.deserved.get('gpu', 0.0):g}")
         return out
 
     def allocated_by_queue(self) -> dict[str, float]:
@@ -602,6 +692,7 @@ class Engine:
             self._push_node_event(i, ev)
         k = 0  # cycle index: cycle k runs at k * cfg.cycle
         last_end = 0.0
+        last_decision = 0.0
         while True:
             t = k * cfg.cycle
             if until is not None and t > until + EPS:
@@ -618,6 +709,10 @@ class Engine:
             self.now = t
             decided = self._cycle(t)
             if decided:
+                last_decision = t
+            # past usage moves shares as time passes: with fairness over time, cycles go on
+            # while something may still change (up to a window after the last decision)
+            if decided or (self.usage is not None and t < last_decision + cfg.fairness.window):
                 k += 1
                 continue
             nxt = self._next_event_time()
@@ -649,4 +744,7 @@ class Engine:
         for sw in self._active.values():
             if sw.state in ("running", "releasing") and sw.run_start is not None:
                 self.leaf_gpu_seconds[sw.w.queue] += (end - sw.run_start) * sw.gpu_share
+                if self.pooled:
+                    key = (self._pool_of(sw), sw.w.queue)
+                    self.pool_gpu_seconds[key] = self.pool_gpu_seconds.get(key, 0.0) + (end - sw.run_start) * sw.gpu_share
         self._accumulate_fair(end)

@@ -75,6 +75,14 @@ def build_report(engine: Engine, *, timeline: bool = False, wall_seconds: float 
             "mean_allocated_gpu": _r(per_time(queue_seconds[q.name])),
             "preemptions": preempted_by_queue.get(q.name, 0),
         })
+        if engine.pooled:
+            pool_seconds = {p: engine._roll_up({lq: v for (pp, lq), v in engine.pool_gpu_seconds.items() if pp == p})
+                            for p in engine.pools}
+            queues[-1]["pools"] = {p: {
+                "deserved_gpu": _r(q.in_pool(p).deserved.get("gpu", 0.0)),
+                "mean_allocated_gpu": _r(per_time(pool_seconds[p][q.name])),
+                "mean_fair_share_gpu": _r(per_time(engine.pool_fair_integral.get((p, q.name), 0.0))),
+            } for p in engine.pools}
 
     workloads = []
     for s in sims:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,13 @@ import yaml
 from gpupool.scheduler.model import NodeSpec, QueueSpec, Workload
 from gpupool.scheduler.placement import POLICIES
 from gpupool.scheduler.units import parse_bytes
+from gpupool.scheduler.usage import WINDOW_TYPES, FairnessConfig
 from gpupool.scheduler.spec import SpecError, parse_nodes, parse_queues, parse_workload
 
 TOP_LEVEL = ("name", "description", "config", "cluster", "queues", "workloads")
 CONFIG_FIELDS = ("cycle", "preemption_grace", "min_runtime", "until", "placement", "topology_key",
-                 "gpu_memory_reserve")
+                 "gpu_memory_reserve", "fairness")
+FAIRNESS_FIELDS = ("window", "window_type", "half_life", "k")
 CLUSTER_FIELDS = ("nodes", "events")
 NODE_ACTIONS = ("fail", "drain", "return")
 EVENT_FIELDS = ("t", "node", "action")
@@ -50,6 +53,7 @@ class SimConfig:
     topology_key: str = "rack"
     gpu_memory_reserve: float = 0.0  # fraction of each GPU's memory the driver keeps
     gpu_memory_reserve_min: int = 0  # ... at least this many bytes
+    fairness: FairnessConfig | None = None  # fairness over time (absent: none)
 
 
 @dataclass
@@ -96,14 +100,18 @@ def _number(value: Any, path: str, *, minimum: float, strict: bool) -> float:
     return float(value)
 
 
+def _known_keys(value: Any, fields: tuple[str, ...], path: str, not_a_mapping: str) -> None:
+    if not isinstance(value, dict):
+        raise SpecError(path, not_a_mapping)
+    for key in value:
+        if key not in fields:
+            raise SpecError(f"{path}.{key}", f"unknown field (allowed: {', '.join(fields)})")
+
+
 def parse_config(value: Any, path: str = "config") -> SimConfig:
     if value is None:
         return SimConfig()
-    if not isinstance(value, dict):
-        raise SpecError(path, "must be a mapping")
-    for key in value:
-        if key not in CONFIG_FIELDS:
-            raise SpecError(f"{path}.{key}", f"unknown field (allowed: {', '.join(CONFIG_FIELDS)})")
+    _known_keys(value, CONFIG_FIELDS, path, "must be a mapping")
     kw: dict[str, Any] = {}
     if value.get("cycle") is not None:
         kw["cycle"] = _number(value["cycle"], f"{path}.cycle", minimum=0, strict=True)
@@ -133,7 +141,26 @@ def parse_config(value: Any, path: str = "config") -> SimConfig:
                 kw["gpu_memory_reserve_min"] = parse_bytes(r["min"])
             except (TypeError, ValueError) as e:
                 raise SpecError(f"{rp}.min", str(e)) from None
+    if value.get("fairness") is not None:
+        kw["fairness"] = parse_fairness(value["fairness"], f"{path}.fairness")
     return SimConfig(**kw)
+
+
+def parse_fairness(value: Any, path: str = "config.fairness") -> FairnessConfig:
+    """``config.fairness``: {window, window_type, half_life, k} (the spec's fairness over time)."""
+    _known_keys(value, FAIRNESS_FIELDS, path, "must be a mapping with window, window_type, half_life and k")
+    kw: dict[str, Any] = {}
+    if value.get("window") is not None:
+        kw["window"] = _number(value["window"], f"{path}.window", minimum=0, strict=True)
+    if value.get("window_type") is not None:
+        if value["window_type"] not in WINDOW_TYPES:
+            raise SpecError(f"{path}.window_type", f"must be one of {', '.join(WINDOW_TYPES)}")
+        kw["window_type"] = value["window_type"]
+    if value.get("half_life") is not None:
+        kw["half_life"] = _number(value["half_life"], f"{path}.half_life", minimum=0, strict=True)
+    if value.get("k") is not None:
+        kw["k"] = _number(value["k"], f"{path}.k", minimum=0, strict=False)
+    return FairnessConfig(**kw)
 
 
 def parse_events(value: Any, node_names: list[str], path: str = "cluster.events") -> list[NodeEvent]:
@@ -246,13 +273,13 @@ def parse_scenario(data: Any, name: str = "scenario", source: str = "") -> Scena
         path = f"workloads[{i}]"
         for e in _expand_workload(item, path):
             w = parse_workload(e, path, qmap, extra_fields=WORKLOAD_EXTRA)
-            if "duration" not in e or e["duration"] is None:
-                raise SpecError(f"{path}.duration", "is required (seconds of running needed to finish)")
             if w.id in seen:
                 raise SpecError(f"{path}.name", f"duplicate workload name {w.id!r} (also {seen[w.id]})")
             seen[w.id] = path
             ce = e.get("checkpoint_every")
-            entries.append(WorkloadEntry(workload=w, duration=float(e["duration"]),
+            # no duration: it runs until the replay ends (the spec's examples that omit it)
+            dur = e.get("duration")
+            entries.append(WorkloadEntry(workload=w, duration=math.inf if dur is None else float(dur),
                                          checkpoint_every=float(ce) if ce is not None else None, path=path))
     return Scenario(name=sname, config=config, nodes=nodes, queues=queues, workloads=entries,
                     description=desc, source=source, leaves=leaves, events=events)

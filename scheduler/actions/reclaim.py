@@ -103,15 +103,21 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     return left
 
 
-def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, dict | None]) -> None:
+def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, tuple]) -> None:
     """Say that these candidates of ``q`` wait for idle capacity because reclaiming would take
     their queue above its fair share (for a plain capacity shortage; other reasons stay).
     ``shares`` caches the numbers per queue for the action."""
     if q not in shares:
         held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
-        shares[q] = None if held <= EPS and fair <= EPS else {
+        detail = None if held <= EPS and fair <= EPS else {
             "held": held, "fair": fair, "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)}
-    extra = shares[q]
+        code = Code.FAIR_SHARE
+        plain = ctx.fair_plain[q].get("gpu", 0.0) if ctx.fair_plain is not None else fair
+        if detail is not None and plain > fair + EPS:  # fairness over time lowered its share
+            code = Code.FAIR_SHARE_USAGE
+            detail.update(plain=plain, usage=ctx.usage.get(q, 0.0))
+        shares[q] = (code, detail)
+    code, extra = shares[q]
     if extra is None:
         return
     # one merged detail per shared detail (candidates of one shape share theirs); the original is
@@ -122,7 +128,7 @@ def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, d
             hit = merged.get(id(c.detail))
             if hit is None:
                 hit = merged[id(c.detail)] = (c.detail, {**c.detail, **extra})
-            c.code, c.detail = Code.FAIR_SHARE, hit[1]
+            c.code, c.detail = code, hit[1]
 
 
 def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, sides: set[str],
