@@ -9,9 +9,11 @@ allocation by the cluster's decayed capacity):
     usage(q) = sum over the window of 2^(-(now - s) / half_life) * allocated(q, s) ds
                / the same sum of capacity(s)
 
-``window_type`` ``sliding``: the last ``window`` seconds; ``tumbling``: since the start of the
-current window (``floor(now / window) * window``), so usage resets at each window's start.
-Without ``half_life`` nothing decays. Keys are whatever the adapter uses (the simulator and the
+``window_type`` ``sliding``: the last ``window`` seconds, and the capacity is the whole window's
+(before the first record the capacity first recorded is assumed, with no usage: a young cluster
+is not a full one); ``tumbling``: since the start of the current window
+(``floor(now / window) * window``), both usage and capacity, so usage resets at each window's
+start. Without ``half_life`` nothing decays. Keys are whatever the adapter uses (the simulator and the
 hub use ``(pool, queue)``, departments included), and each key is normalised by the capacity
 recorded for its pool (``pool_of(key)``).
 
@@ -59,6 +61,7 @@ class UsageHistory:
         self._cap: dict[Hashable, float] = {}  # per pool
         self._chunks: deque[tuple[float, dict, dict]] = deque()  # (end, used, capacity) at their end
         self._period: int | None = None  # tumbling: the index of the current window
+        self._first: dict[Hashable, tuple[float, float]] = {}  # pool -> (first record's start, capacity)
 
     def _decay(self, dt: float) -> float:
         return math.exp(-self._rate * dt) if self._rate and dt > 0 else 1.0
@@ -98,6 +101,8 @@ class UsageHistory:
             t0 = max(t0, start)
             if t1 <= t0:
                 return
+        for k, v in capacity.items():
+            self._first.setdefault(k, (t0, v))
         self._advance(t1)
         w = self._weight(t0, t1)
         u = {k: v * w for k, v in used.items() if v}
@@ -127,11 +132,18 @@ class UsageHistory:
     def normalised(self, now: float, pool_of=lambda key: key[0]) -> dict[Hashable, float]:
         """Each key's usage as a share of its pool's capacity over the window (0 to 1)."""
         self._expire(now)
+        cap = dict(self._cap)  # as of self._t; used is too, so the ratio needs no decay to ``now``
+        if self.config.window_type == "sliding":
+            start = now - self.config.window
+            for k, (t0, c) in self._first.items():
+                if start < t0:  # the part of the window before the first record: idle capacity
+                    f = self._decay(self._t - t0)
+                    cap[k] = cap.get(k, 0.0) + c * self._weight(start, t0) * f
         out = {}
         for k, v in self._used.items():
-            cap = self._cap.get(pool_of(k), 0.0)
-            if cap > 0:
-                out[k] = min(1.0, v / cap)
+            c = cap.get(pool_of(k), 0.0)
+            if c > 0:
+                out[k] = min(1.0, v / c)
         return out
 
     def by_pool(self, now: float) -> dict[str, dict[str, float]]:
