@@ -63,8 +63,14 @@ Properties:
   durations): from ``T + 6 * (preemption_grace + min_runtime) + 30 * cycle`` on, no eviction is
   decided.
 
-Each original property runs ``GUARANTEE_EXAMPLES`` examples and each extended one
-``GUARANTEE_EXTENDED_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
+The **pooled** generator (``scenarios(pooled=True)``, the ``test_pooled_*`` properties) puts the
+nodes in two node pools, draws every queue's quota per pool, lets workloads name their pools (one,
+both in either order, or none) and, in half of its examples, turns fairness over time on
+(liveness and stability; steady state is checked without it, since past usage moves shares as it
+ages). Liveness is then judged per pool.
+
+Each original property runs ``GUARANTEE_EXAMPLES`` examples, each extended one
+``GUARANTEE_EXTENDED_EXAMPLES`` and each pooled one ``GUARANTEE_POOLED_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
 only the original generator, ``-k extended`` only the new one); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000``, ``GUARANTEE_RANDOM=1`` (a fresh random stream instead of CI's fixed
 examples) and ``GUARANTEE_SHRINK=1`` (shrinking is off by default: on a long
@@ -91,6 +97,7 @@ from gpupool.sim.engine import Engine
 EPS = 1e-6
 N = int(os.environ.get("GUARANTEE_EXAMPLES", "200"))  # per property, the original generator
 N_EXTENDED = int(os.environ.get("GUARANTEE_EXTENDED_EXAMPLES", "150"))  # per property, over-commit + node events
+N_POOLED = int(os.environ.get("GUARANTEE_POOLED_EXAMPLES", "40"))  # per property, node pools + fairness over time
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
@@ -121,10 +128,11 @@ def _settings(n: int):
 
 # -- scenarios -----------------------------------------------------------------------------------
 @st.composite
-def scenarios(draw, *, steady: bool = False, extended: bool = False):
+def scenarios(draw, *, steady: bool = False, extended: bool = False, pooled: bool = False):
     """A random scenario (see the module docstring); ``extended`` adds over-committed quotas and
-    node events. With ``extended=False`` the draws are exactly those of the original generator,
-    so CI's fixed examples stay the same."""
+    node events; ``pooled`` node pools (and, unless ``steady``, fairness over time). With both
+    False the draws are exactly those of the original generator, so CI's fixed examples stay the
+    same."""
     cycle = draw(st.sampled_from([1, 5]))
     grace = cycle * draw(st.sampled_from([0, 2, 6]))
     min_runtime = cycle * draw(st.sampled_from([0, 0, 4]))
@@ -204,13 +212,62 @@ def scenarios(draw, *, steady: bool = False, extended: bool = False):
         if events:
             cluster["events"] = sorted(events, key=lambda e: e["t"])
             last = max(last, max(e["t"] for e in events))  # the last change of supply counts like an arrival
+    if pooled:
+        _poolify(draw, nodes, queues, workloads, cycle)
     round_ = grace + min_runtime
     settle = last + 6 * round_ + 30 * cycle
     until = settle + 4 * round_ + 60 * cycle if steady else last + 900
     config = {"cycle": cycle, "preemption_grace": grace, "min_runtime": min_runtime, "until": until}
+    if pooled and not steady and draw(st.booleans()):  # fairness over time moves shares as time passes
+        config["fairness"] = {"window": cycle * draw(st.sampled_from([50, 200, 600])),
+                              "window_type": draw(st.sampled_from(["sliding", "sliding", "tumbling"])),
+                              "k": draw(st.sampled_from([0.5, 1.0, 2.0]))}
+        if draw(st.booleans()):
+            config["fairness"]["half_life"] = config["fairness"]["window"] / 2
     data = {"name": "random", "config": config, "cluster": cluster, "queues": queues,
             "workloads": workloads}
     return (data, settle) if steady else data
+
+
+def _poolify(draw, nodes: list[dict], queues: list[dict], workloads: list[dict], cycle: int) -> None:
+    """Node pools on a drawn scenario: the nodes alternate between pools p0 and p1; every queue's
+    quota is drawn per pool as the original quotas are (a level's deserved quotas within what
+    that level has), sometimes with a limit or a weight of its own; a workload names its pools
+    (one, or both in either order) or none."""
+    cap = {"p0": 0, "p1": 0}
+    for i, n in enumerate(nodes):
+        n["pool"] = f"p{i % 2}"
+        cap[n["pool"]] += n["gpus"]
+    for q in queues:
+        for key in ("deserved", "limit", "over_quota_weight"):
+            q.pop(key, None)
+        q["pools"] = {}
+    by = {q["name"]: q for q in queues}
+    for pool, c in cap.items():
+        left = c
+        dept = draw(st.integers(0, left))
+        left -= dept
+        a = draw(st.integers(0, dept))
+        b = draw(st.integers(0, dept - a))
+        quota = {"dept": dept, "p1": a, "p2": b}
+        for q in queues:
+            if q.get("parent") is None and q["name"] != "dept":
+                quota[q["name"]] = draw(st.integers(0, left))
+                left -= quota[q["name"]]
+        for name, d in quota.items():
+            entry = {"deserved": {"gpu": d}}
+            if draw(st.integers(0, 3)) == 0:
+                entry["limit"] = {"gpu": d + draw(st.integers(0, 4))}
+            if draw(st.integers(0, 3)) == 0:
+                entry["over_quota_weight"] = draw(st.sampled_from([1, 2]))
+            by[name]["pools"][pool] = entry
+        dl = by["dept"]["pools"][pool].get("limit")
+        if dl is not None:
+            dl["gpu"] = max(dl["gpu"], a + b)
+    for w in workloads:
+        choice = draw(st.sampled_from([None, None, ["p0"], ["p1"], ["p0", "p1"], ["p1", "p0"]]))
+        if choice:
+            w["pools"] = choice
 
 
 # -- entitlement -------------------------------------------------------------------------------
@@ -246,10 +303,11 @@ class Entitlement:
     (see the module docstring). ``refresh()`` takes the cycle's state (nodes in service, shrunk
     shares); call it once per cycle before judging."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, pool: str | None = None):
         sc = engine.scenario
         self.engine = engine
-        self.queues = {q.name: q for q in sc.queues}
+        self.pool = pool  # None: no node pools (the whole cluster); else judged inside that pool
+        self.queues = {q.name: (q if pool is None else q.in_pool(pool)) for q in sc.queues}
         self.children: dict[str | None, list[str]] = {}
         for q in sc.queues:
             self.children.setdefault(q.parent, []).append(q.name)
@@ -265,14 +323,26 @@ class Entitlement:
     def refresh(self) -> None:
         """The nodes in service and every queue's shrunk share at this moment."""
         eng = self.engine
-        self.nodes = [n for n in eng.nodes if n.schedulable]
+        self.nodes = [n for n in eng.nodes if n.schedulable and self.mine(n)]
         demand = {q: 0.0 for q in self.queues}
         for s in eng._active.values():
-            if s.state in ("pending", "running", "releasing"):
+            if s.state in ("pending", "running", "releasing") and self.counts(s):
                 amt = s.gpu_share if s.state != "pending" else self.share(s.w)
                 for q in self.path[s.w.queue]:
                     demand[q] += amt
         self.shrunk = shrunk_shares(self.queues, self.children, demand, float(sum(n.gpus for n in self.nodes)))
+
+    def mine(self, node) -> bool:
+        return self.pool is None or node.pool == self.pool
+
+    def counts(self, s) -> bool:
+        """Whether ``s`` takes part in this pool: held there, or pending and allowed to use it
+        (the scheduler counts a pending workload as demand in every pool it may use)."""
+        if self.pool is None:
+            return True
+        if s.state == "pending":
+            return not s.w.pools or self.pool in s.w.pools
+        return self.engine._pool_of(s) == self.pool
 
     def deserved(self, q: str) -> float:
         """What ``q`` is guaranteed now: its deserved quota, shrunk where a level over-commits."""
@@ -281,13 +351,15 @@ class Entitlement:
     def __call__(self, sw) -> bool:
         eng = self.engine
         w = sw.w
-        running = [s for s in eng._active.values() if s.state == "running"]
+        if not self.counts(sw):
+            return False
+        running = [s for s in eng._active.values() if s.state == "running" and self.counts(s)]
         alloc = eng._roll_up({q: 0.0 for q in eng.scenario.leaves})
         for s in running:
             for q in self.path[s.w.queue]:
                 alloc[q] += s.gpu_share
         ahead = sum(self.share(s.w) for s in eng._active.values()
-                    if s.state == "pending" and s.w.queue == w.queue and s is not sw
+                    if s.state == "pending" and s.w.queue == w.queue and s is not sw and self.counts(s)
                     and (s.w.priority, -s.w.submit_time, -s.index) > (w.priority, -w.submit_time, -sw.index))
         need = self.share(w) + ahead
         qpath = self.path[w.queue]
@@ -325,7 +397,8 @@ class Entitlement:
 
     def share(self, w) -> float:
         if w.gpu_memory > 0:  # the least share it can take on any node
-            nodes = [n for n in self.engine.nodes if n.gpu_memory > 0]
+            nodes = [n for n in self.engine.nodes if n.gpu_memory > 0 and self.mine(n)] or \
+                [n for n in self.engine.nodes if n.gpu_memory > 0]
             return w.pods * min(-(-w.gpu_memory * MILLI // n.gpu_memory) for n in nodes) / MILLI
         return w.pods * w.gpus
 
@@ -367,17 +440,21 @@ def liveness_failures(data: dict, seed: int = 0) -> tuple[list[str], dict]:
 
     events_seen = [0]
 
+    def entitled_(sw) -> bool:
+        return any(j(sw) for j in judge)
+
     def watch(engine: Engine, rec) -> None:
         if not judge:
-            judge.append(Entitlement(engine))
-        judge[0].refresh()
+            judge.extend([Entitlement(engine, p) for p in engine.pools] if engine.pooled else [Entitlement(engine)])
+        for j in judge:
+            j.refresh()
         t = rec.t
         if len(engine.node_log) != events_seen[0]:  # a node event changes supply: every clock restarts
             events_seen[0] = len(engine.node_log)
             since.clear()
         for name, t0 in list(since.items()):
             sw = engine.by_name[name]
-            entitled = sw.state == "pending" and judge[0](sw)
+            entitled = sw.state == "pending" and entitled_(sw)
             if sw.state != "pending" or not entitled or t - t0 > bound:
                 if t - t0 > bound:
                     late.append(f"{name} entitled from t={t0:g}, "
@@ -385,7 +462,7 @@ def liveness_failures(data: dict, seed: int = 0) -> tuple[list[str], dict]:
                                 f"(bound {bound:g}s): {sw.pending}")
                 del since[name]
         for sw in engine._active.values():
-            if sw.state == "pending" and sw.name not in since and judge[0](sw):
+            if sw.state == "pending" and sw.name not in since and entitled_(sw):
                 since[sw.name] = t
 
     report = simulate(sc, seed=seed, on_cycle=watch)
@@ -502,6 +579,39 @@ def test_extended_no_workload_preempted_twice_without_a_change_of_demand(data, s
 @_settings(N_EXTENDED)
 @given(scenarios(steady=True, extended=True), st.integers(0, 2))
 def test_extended_steady_state_makes_no_preemptions(case, seed):
+    data, settle = case
+    bad = late_evictions(data, settle, seed)
+    dump("steady", data, seed, bad)
+    assert not bad, bad
+
+
+# -- the same properties with node pools and fairness over time -----------------------------------
+#   pytest tests/test_guarantee_properties.py -k pooled
+# Liveness is judged per pool (a workload is entitled when it is in one of the pools it may use,
+# by that pool's quotas, nodes and holders); steady state without fairness over time, which by
+# design moves shares (and so GPUs) as usage ages.
+@_settings(N_POOLED)
+@given(scenarios(pooled=True), st.integers(0, 2))
+def test_pooled_entitled_workloads_start_within_two_grace_periods(data, seed):
+    late, report = liveness_failures(data, seed)
+    assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+    dump("liveness", data, seed, late)
+    assert not late, late
+
+
+@_settings(N_POOLED)
+@given(scenarios(pooled=True), st.integers(0, 2))
+def test_pooled_no_workload_preempted_twice_without_a_change_of_demand(data, seed):
+    report = simulate(parse_scenario(data), seed=seed)
+    assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+    bad = thrash(report)
+    dump("stability", data, seed, bad)
+    assert not bad, bad
+
+
+@_settings(N_POOLED)
+@given(scenarios(steady=True, pooled=True), st.integers(0, 2))
+def test_pooled_steady_state_makes_no_preemptions(case, seed):
     data, settle = case
     bad = late_evictions(data, settle, seed)
     dump("steady", data, seed, bad)
