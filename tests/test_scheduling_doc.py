@@ -45,7 +45,7 @@ def build_snapshot(ex):
         workloads.append(w)
     for i, e in enumerate(ex.get("pending", [])):
         workloads.append(parse_workload(e, f"pending[{i}]", qmap))
-    return Snapshot(ex.get("now", 0), nodes, queues, workloads)
+    return Snapshot(ex.get("now", 0), nodes, queues, workloads, usage=ex.get("usage_by_pool", {}))
 
 
 def check(result, expect: dict) -> None:
@@ -79,7 +79,8 @@ def carry_out(snap: Snapshot, result) -> None:
 def test_example(ex):
     if ex.get("kind", "fair_share") == "fair_share":
         tree = QueueTree(parse_queues(ex["queues"]))
-        got = fair_shares(tree, ex["demand"], ex["capacity"], resources=list(ex["capacity"]))
+        got = fair_shares(tree, ex["demand"], ex["capacity"], resources=list(ex["capacity"]),
+                          usage=ex.get("usage"), k=ex.get("k", 0.0))
         for q, want in ex["expect_fair_share"].items():
             for res, v in want.items():
                 assert got[q][res] == pytest.approx(v, abs=1e-3), (q, res, got[q])
