@@ -50,34 +50,44 @@ class Scheduler:
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
         if is_pooled(snapshot):
-            return PooledCycle(snapshot, self._run_pool).run()
+            return PooledCycle(snapshot, self).run()
         if any(q.pools for q in snapshot.queues):  # one pool, `default`: its quota may be in `pools`
             snapshot = dataclasses.replace(snapshot, queues=[q.in_pool(DEFAULT_POOL) for q in snapshot.queues])
-        return self._run_one(snapshot, snapshot.usage.get(DEFAULT_POOL))
+        ctx = self.start(snapshot, snapshot.usage.get(DEFAULT_POOL))
+        self.act(ctx)
+        return self.finish(ctx)
 
-    def _run_pool(self, snapshot: Snapshot, usage: dict | None, extra_demand: dict,
-                  just_bound: frozenset[str]) -> CycleResult:
-        policies = self._pool_policies.setdefault(snapshot.nodes[0].pool if snapshot.nodes else "", {})
-        return self._run_one(snapshot, usage, extra_demand, just_bound, policies)
-
-    def _run_one(self, snapshot: Snapshot, usage: dict | None = None, extra_demand: dict | None = None,
-                 just_bound: frozenset[str] = frozenset(), policies: dict | None = None) -> CycleResult:
-        """One cycle of the actions over ``snapshot`` (all of it one node pool)."""
+    def start(self, snapshot: Snapshot, usage: dict | None = None, extra_demand: dict | None = None,
+              pool: str | None = None) -> Cycle:
+        """The working context of one cycle over ``snapshot`` (all of it one node pool)."""
         clock = self.timer
         t0 = clock() if clock else 0.0
-        ctx = Cycle(snapshot, self.config, self._policies if policies is None else policies, usage, extra_demand,
-                    just_bound)
+        policies = self._policies if pool is None else self._pool_policies.setdefault(pool, {})
+        ctx = Cycle(snapshot, self.config, policies, usage, extra_demand)
+        ctx.pool = pool
         if clock:
-            t1 = clock()
-            ctx.result.actions_ms["snapshot"] = (t1 - t0) * 1e3
+            ctx.result.actions_ms["snapshot"] = (clock() - t0) * 1e3
+        return ctx
+
+    def act(self, ctx: Cycle, pending: list | None = None) -> None:
+        """Run the actions on ``ctx``: over its pending workloads, or over ``pending`` (a later
+        round of a node pool's cycle: more candidates, tried on the state the earlier left)."""
+        if pending is not None:
+            ctx.pending = pending
+        clock = self.timer
+        t1 = clock() if clock else 0.0
+        ms = ctx.result.actions_ms
         failed: list[Candidate] = []
         for name in self.config.actions:
             failed = ACTIONS[name](ctx, failed)
             if clock:
                 t2 = clock()
-                ctx.result.actions_ms[name] = (t2 - t1) * 1e3
+                ms[name] = ms.get(name, 0.0) + (t2 - t1) * 1e3
                 t1 = t2
         ctx.wait_all(failed)  # still waiting after every action: the reason the last one gave
+
+    def finish(self, ctx: Cycle) -> CycleResult:
+        snapshot = ctx.snap
         if len(ctx.workloads) < len(snapshot.workloads):
             for w in snapshot.workloads:
                 if w.queue not in ctx.tree.queues and w.phase == Phase.PENDING:

@@ -188,15 +188,14 @@ class Cycle:
     """Working context of one scheduling cycle."""
 
     def __init__(self, snap: Snapshot, cfg: SchedulerConfig, policies: dict | None = None,
-                 usage: dict[str, float] | None = None, extra_demand: dict[str, Vec] | None = None,
-                 just_bound: frozenset[str] = frozenset()):
+                 usage: dict[str, float] | None = None, extra_demand: dict[str, Vec] | None = None):
         """``usage``: past usage per queue (fairness over time); ``extra_demand``: what pending
         workloads that are not candidates here also want of this capacity (queue -> amount; node
         pools: a workload tried in another pool this round still counts as demand in the pools it
-        may fall back to); ``just_bound``: running workloads that were bound earlier in this same
-        cycle (an earlier round of a pool), which no action may preempt again."""
+        may fall back to)."""
         self.snap = snap
-        self.just_bound = just_bound
+        self.pool: str | None = None  # set for one node pool's cycle: reasons then name the pool
+        self._pool_details: dict[int, tuple[dict, dict]] = {}
         self.cfg = cfg
         self.now_t = snap.now
         self.tree = QueueTree(snap.queues)
@@ -700,18 +699,31 @@ class Cycle:
     def wait(self, c: Candidate | Workload, code: Code, detail: dict | None = None) -> None:
         """Record why a workload waits this cycle."""
         w = c if isinstance(c, Workload) else c.w
-        self.result.pending[w.id] = _new_tuple(Pending, (code, w.queue, self._positions.get(w.id, 1), detail or {}))
+        detail = detail or {}
+        if self.pool is not None:
+            detail = self._in_pool(detail)
+        self.result.pending[w.id] = _new_tuple(Pending, (code, w.queue, self._positions.get(w.id, 1), detail))
+
+    def _in_pool(self, detail: dict) -> dict:
+        """``detail`` naming this cycle's node pool (one copy per detail: groups share theirs)."""
+        hit = self._pool_details.get(id(detail))
+        if hit is None or hit[0] is not detail:
+            hit = self._pool_details[id(detail)] = (detail, {**detail, "pool": self.pool})
+        return hit[1]
 
     def wait_all(self, cands: list[Candidate]) -> None:
         """``wait`` for each of ``cands`` (groups included) with the reason it carries."""
         pending, positions = self.result.pending, self._positions
         for c in cands:
             w = c.w
-            pending[w.id] = _new_tuple(Pending, (c.code, w.queue, positions.get(w.id, 1), c.detail or {}))
+            detail = c.detail or {}
+            if self.pool is not None:
+                detail = self._in_pool(detail)
+            pending[w.id] = _new_tuple(Pending, (c.code, w.queue, positions.get(w.id, 1), detail))
             if c.more:  # the group's other workloads: the same reason, each with its position
                 ids = list(map(_ID, c.more))
                 fields = zip(repeat(c.code), repeat(w.queue), map(positions.get, ids, repeat(1)),
-                             repeat(c.detail or {}))
+                             repeat(detail))
                 pending.update(zip(ids, map(_new_tuple, repeat(Pending), fields)))
 
     # -- binding ---------------------------------------------------------------------------------
@@ -760,11 +772,9 @@ class Cycle:
         hit = self.cache.get("preemptible")
         if hit is None:
             t, ok, young = self.now_t, [], []
-            fresh = self.just_bound
             for w in self.running:
                 if w.preemptible:
-                    (ok if (w.started_at is None or t - w.started_at >= self.cfg.min_runtime) and w.id not in fresh
-                     else young).append(w)
+                    (ok if w.started_at is None or t - w.started_at >= self.cfg.min_runtime else young).append(w)
             hit = self.cache["preemptible"] = (ok, young)
         ev = self.evicted
         if protected is not None:

@@ -8,10 +8,14 @@ nothing is taken across pools:
 
 * a running, releasing or reserving workload belongs to the pool of its nodes;
 * a pending workload is tried in its pools in order of preference (``Workload.pools``; without one,
-  the pools where its queue has the most deserved quota free come first, then the most free GPUs):
-  in round 0 every pool's cycle tries the workloads that prefer it; a workload still waiting with
-  no plan in motion moves to its next pool for round 1, and so on. A later round of a pool runs on
-  that pool's state after its earlier rounds (their binds, evictions and reservations);
+  the pools where its queue has the most deserved quota free come first, then the most free GPUs),
+  in at most two per cycle: the first *promising* one (free GPUs enough for it, or deserved quota
+  of its queue free for it), then the first other one where its queue's deserved quota has room
+  for it (else the next promising one). In round 0 every pool's cycle tries the workloads whose
+  first try it is; a workload still waiting with no plan in motion moves to its second for round
+  1, which runs on that pool's state after round 0 (its binds, evictions and reservations). Two
+  tries bound the cost of a cycle over many pools; the pool where its queue is entitled to the
+  workload is among them, so what its guarantee promises is tried every cycle;
 * a pending workload counts as demand in every pool it may use, in every round: fair shares do not
   depend on the round, so a fallback never makes a pool's division swing within a cycle.
 
@@ -20,12 +24,15 @@ Its waiting reason is the one its most preferred pool gave, naming the pool. Pur
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import operator
+from collections import Counter
 
-from .model import (DEFAULT_POOL, RESOURCES, CycleResult, Phase, QueueSpec, Snapshot, Workload)
+from .fairshare import EPS
+from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, QueueSpec, Snapshot, Workload
 from .reasons import IN_MOTION, Code, Pending
 
 Vec = tuple[float, float, float]
+_REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 
 
 def pool_names(snap: Snapshot) -> list[str]:
@@ -52,12 +59,12 @@ def _amount(w: Workload, max_mem: int) -> Vec:
 class PooledCycle:
     """One cycle over several node pools; ``run`` returns the merged ``CycleResult``.
 
-    ``run_pool(snapshot, usage, extra_demand, pool)`` runs the plain cycle on one pool's snapshot
-    (``core.Scheduler._run_one``)."""
+    ``scheduler`` is the ``core.Scheduler`` whose ``start``/``act``/``finish`` run the plain
+    cycle on each pool: one working context per pool, kept across the rounds."""
 
-    def __init__(self, snap: Snapshot, run_pool: Callable[..., CycleResult]):
+    def __init__(self, snap: Snapshot, scheduler):
         self.snap = snap
-        self.run_pool = run_pool
+        self.scheduler = scheduler
         self.pools = pool_names(snap)
         self.nodes = {p: [n for n in snap.nodes if n.pool == p] for p in self.pools}
         self.node_pool = {n.name: n.pool for n in snap.nodes}
@@ -72,8 +79,9 @@ class PooledCycle:
         return self.pools[0]
 
     def _preferences(self, pending: list[Workload], held: dict[str, list[Workload]],
-                     pinned: dict[str, str], result: CycleResult) -> dict[str, list[str]]:
-        """Each pending workload's pools, in order of preference (module doc)."""
+                     pinned: dict[str, str], result: CycleResult) -> tuple[dict, dict]:
+        """Each pending workload's pools in order of preference (``may``: where it counts as
+        demand), and the pools it is tried in this cycle (``tries``, at most two; module doc)."""
         snap = self.snap
         by_name = {q.name: q for q in snap.queues}
         held_gpu: dict[tuple[str, str], float] = {}
@@ -83,35 +91,65 @@ class PooledCycle:
             for w in held[p]:
                 g = sum(len(pl.gpus) * pl.fraction for pl in w.placements)
                 held_gpu[p, w.queue] = held_gpu.get((p, w.queue), 0.0) + g
-                used += g
+                if w.phase is Phase.RUNNING:  # a releasing workload's GPUs are as good as free
+                    used += g
             free[p] = sum(n.gpus for n in self.nodes[p] if n.schedulable) - used
+        deserved: dict[tuple[str, str], float] = {}
+
+        def room(p: str, q: str) -> float:
+            """Deserved quota of leaf queue ``q`` in pool ``p`` that it does not hold."""
+            key = (p, q)
+            if key not in deserved:
+                spec = by_name.get(q)
+                deserved[key] = spec.in_pool(p).deserved.get("gpu", 0.0) if spec else 0.0
+            return deserved[key] - held_gpu.get(key, 0.0)
+
         order: dict[str, list[str]] = {}
-        out: dict[str, list[str]] = {}
+        may: dict[str, list[str]] = {}
+        tries: dict[str, list[str]] = {}
         known = set(self.pools)
+        max_mem = max(self.max_mem.values())
+        memo: dict[tuple, tuple[list[str], list[str]] | None] = {}  # by queue, pools and request
         for w in pending:
             if w.id in pinned:
-                out[w.id] = [pinned[w.id]]
+                may[w.id] = tries[w.id] = [pinned[w.id]]
                 continue
-            if w.pools:
-                prefs = [p for p in w.pools if p in known]
-                if not prefs:
-                    result.pending[w.id] = Pending(Code.NO_POOL, w.queue, 1, {"pools": list(w.pools)})
-                    continue
-                out[w.id] = prefs
+            key = (w.queue, w.pools, w.pods, w.gpus, w.gpu_memory)
+            hit = memo.get(key, False)
+            if hit is False:
+                hit = memo[key] = self._tries(w, known, order, room, free, max_mem)
+            if hit is None:
+                result.pending[w.id] = Pending(Code.NO_POOL, w.queue, 1, {"pools": list(w.pools)})
                 continue
+            may[w.id], tries[w.id] = hit
+        return may, tries
+
+    def _tries(self, w: Workload, known: set[str], order: dict, room, free: dict, max_mem: int):
+        """(the pools ``w`` may use, the pools it is tried in this cycle), or None: no such pool."""
+        if w.pools:
+            prefs = [p for p in w.pools if p in known]
+            if not prefs:
+                return None
+        else:
             prefs = order.get(w.queue)
             if prefs is None:
-                spec = by_name.get(w.queue)
-
-                def key(p: str) -> tuple:
-                    deserved = spec.in_pool(p).deserved.get("gpu", 0.0) if spec else 0.0
-                    return (-max(0.0, deserved - held_gpu.get((p, w.queue), 0.0)), -free[p], p)
-                prefs = order[w.queue] = sorted(self.pools, key=key)
-            out[w.id] = prefs
-        return out
+                prefs = order[w.queue] = sorted(self.pools, key=lambda p: (-max(0.0, room(p, w.queue)), -free[p], p))
+        if len(prefs) == 1:
+            return prefs, prefs
+        # promising pools: free GPUs enough for it, or deserved quota of its queue free for it
+        # (a reclaim is due there); the first of them, then the first other one where its queue
+        # is entitled to it (so a pool it is entitled in is tried every cycle), else the next
+        # promising one
+        gpu = _amount(w, max_mem)[0]
+        entitled = [p for p in prefs if room(p, w.queue) + EPS >= gpu]
+        promising = [p for p in prefs if free[p] + EPS >= gpu or p in entitled]
+        if not promising:
+            return prefs, prefs[:1]
+        second = [p for p in promising[1:] if p in entitled] or promising[1:2]
+        return prefs, promising[:1] + second[:1]
 
     def run(self) -> CycleResult:
-        snap = self.snap
+        snap, sched = self.snap, self.scheduler
         result = CycleResult()
         held: dict[str, list[Workload]] = {p: [] for p in self.pools}
         pending: list[Workload] = []
@@ -120,105 +158,89 @@ class PooledCycle:
                 pending.append(w)
             else:
                 held[self._pool_of(w.placements)].append(w)
-        reservations = {p: [] for p in self.pools}
+        reservations: dict[str, list] = {p: [] for p in self.pools}
         pinned: dict[str, str] = {}
         for r in snap.reservations:
             p = self._pool_of(r.placements)
             reservations[p].append(r)
             if r.bound_at is None:
                 pinned[r.workload] = p
-        prefs = self._preferences(pending, held, pinned, result)
-        alive = [w for w in pending if w.id in prefs]
-        amount = {w.id: {p: _amount(w, self.max_mem[p]) for p in prefs[w.id]} for w in alive}
-        holders: dict[str, list[Workload]] = {p: [] for p in self.pools}  # settled: plan in motion
-        first: dict[str, Pending] = {}  # the reason each workload's most preferred pool gave
-        fair: dict[str, dict] = {}
-        alloc: dict[str, dict] = {}
-        bound_here: dict[str, set[str]] = {p: set() for p in self.pools}  # bound in an earlier round
-        rnd = 0
-        while True:
-            cands: dict[str, list[Workload]] = {p: [] for p in self.pools}
-            for w in alive:
-                cands[prefs[w.id][rnd]].append(w)
-            todo = self.pools if rnd == 0 else [p for p in self.pools if cands[p]]
-            if not todo:
-                break
-            for p in todo:
-                mine = {w.id for w in cands[p]}
-                extra: dict[str, list[float]] = {}
-                for w in alive:
-                    if w.id not in mine and p in amount[w.id]:
-                        a, e = amount[w.id][p], extra.setdefault(w.queue, [0.0, 0.0, 0.0])
-                        e[0] += a[0]
-                        e[1] += a[1]
-                        e[2] += a[2]
-                sub = Snapshot(snap.now, self.nodes[p], self.queues[p], [*held[p], *holders[p], *cands[p]],
-                               reservations[p])
-                res = self.run_pool(sub, snap.usage.get(p), {q: tuple(v) for q, v in extra.items()},
-                                    frozenset(bound_here[p]))
-                self._merge(p, res, result, held, holders, cands[p], first)
-                bound_here[p].update(b.workload for b in res.binds)
-                reservations[p] = res.reservations
-                fair[p], alloc[p] = res.fair_share, res.allocated
-            settled = {w.id for p in self.pools for w in holders[p]} | {b.workload for b in result.binds}
-            rnd += 1
-            alive = [w for w in alive if w.id not in settled and len(prefs[w.id]) > rnd]
-            if not alive:
-                break
+        may, tries = self._preferences(pending, held, pinned, result)
+        # one context per pool: its held workloads and every pending workload it may try this
+        # cycle (they count as its demand); those that only may use it count as extra demand
+        mine: dict[str, list[Workload]] = {p: [] for p in self.pools}
+        only_may: dict[str, list[Workload]] = {p: [] for p in self.pools}
+        for w in pending:
+            t = tries.get(w.id)
+            if t is None:
+                continue
+            for p in t:
+                mine[p].append(w)
+            if len(may[w.id]) > len(t):
+                for p in may[w.id]:
+                    if p not in t:
+                        only_may[p].append(w)
+        ctxs = {}
+        for p in self.pools:
+            extra: dict[str, list[float]] = {}
+            for (q, pods, gpus, gpu_memory, cpu, memory), k in Counter(map(_REQUEST, only_may[p])).items():
+                a = _amount(Workload("", q, gpus=gpus, gpu_memory=gpu_memory, cpu=cpu, memory=memory, pods=pods),
+                            self.max_mem[p])
+                e = extra.setdefault(q, [0.0, 0.0, 0.0])
+                e[0] += k * a[0]
+                e[1] += k * a[1]
+                e[2] += k * a[2]
+            sub = Snapshot(snap.now, self.nodes[p], self.queues[p], [*held[p], *mine[p]], reservations[p])
+            ctxs[p] = sched.start(sub, snap.usage.get(p), {q: tuple(v) for q, v in extra.items()}, pool=p)
+        every = {p: list(ctxs[p].pending) for p in self.pools}  # before a round narrows ctx.pending
+        settled: dict[str, str] = {}  # bound, or with a plan in motion: where
+        first: dict[str, Pending] = {}  # the reason each workload's first try gave
+        for rnd in (0, 1):
+            for p in self.pools:
+                ctx = ctxs[p]
+                cands = [w for w in every[p] if len(tries[w.id]) > rnd and tries[w.id][rnd] == p
+                         and w.id not in settled]
+                if rnd and not cands:
+                    continue
+                sched.act(ctx, cands)
+                waiting = ctx.result.pending
+                for w in cands:
+                    why = waiting.get(w.id)
+                    if why is None or w.id in ctx.reservations:
+                        settled[w.id] = p  # bound, or a plan in motion
+                    elif w.id not in first:
+                        first[w.id] = why
+        for p in self.pools:
+            res = sched.finish(ctxs[p])
+            self._merge(p, res, result)
         for wid, why in first.items():
-            if wid not in result.pending or result.pending[wid].code not in IN_MOTION:
+            if wid not in settled:
                 result.pending[wid] = why
-        for b in result.binds:
-            result.pending.pop(b.workload, None)
-        self._no_quota(prefs, result)
-        result.reservations = [r for p in self.pools for r in reservations[p]]
-        result.pool_fair_share, result.pool_allocated = fair, alloc
-        result.fair_share = _sum_pools(fair)
-        result.allocated = _sum_pools(alloc)
+        for wid, p in settled.items():
+            why = ctxs[p].result.pending.get(wid)
+            if why is None:
+                result.pending.pop(wid, None)  # bound
+            else:
+                result.pending[wid] = why
+        self._no_quota(may, result)
+        result.pool_fair_share = {p: ctxs[p].result.fair_share for p in self.pools}
+        result.pool_allocated = {p: ctxs[p].result.allocated for p in self.pools}
+        result.fair_share = _sum_pools(result.pool_fair_share)
+        result.allocated = _sum_pools(result.pool_allocated)
         return result
 
-    def _merge(self, p: str, res: CycleResult, out: CycleResult, held: dict[str, list[Workload]],
-               holders: dict[str, list[Workload]], cands: list[Workload], first: dict[str, Pending]) -> None:
-        """Take one pool's cycle into the merged result and that pool's state for its next round."""
-        now = self.snap.now
+    def _merge(self, p: str, res: CycleResult, out: CycleResult) -> None:
+        """Take one pool's cycle (all its rounds) into the merged result."""
         where = f" (node pool {p})"
         out.binds.extend(dataclasses.replace(b, reason=b.reason + where) for b in res.binds)
         out.evictions.extend(dataclasses.replace(e, reason=e.reason + where) for e in res.evictions)
         out.dropped.update(res.dropped)
+        out.reservations.extend(res.reservations)
         for k, v in res.actions_ms.items():
             out.actions_ms[k] = out.actions_ms.get(k, 0.0) + v
         for wid, pos in res.positions.items():
             out.positions.setdefault(wid, pos)
-        if res.binds or res.evictions:
-            bound = {b.workload: b for b in res.binds}
-            evicted = {e.workload for e in res.evictions}
-            new_held = []
-            for w in held[p]:
-                if w.id in evicted:
-                    w = dataclasses.replace(w, phase=Phase.RELEASING)
-                new_held.append(w)
-            for w in [*holders[p], *cands]:
-                b = bound.get(w.id)
-                if b is not None:
-                    new_held.append(dataclasses.replace(w, phase=Phase.RUNNING, placements=b.placements,
-                                                        started_at=now))
-            held[p] = new_held
-            holders[p] = [w for w in holders[p] if w.id not in bound]
-        planned = {r.workload for r in res.reservations if r.bound_at is None}
-        for w in cands:
-            why = res.pending.get(w.id)
-            if why is None:
-                continue
-            why = why._replace(detail={**why.detail, "pool": p})
-            if w.id in planned:
-                holders[p].append(w)
-                out.pending[w.id] = why
-            else:
-                first.setdefault(w.id, why)
-        for w in holders[p]:
-            why = res.pending.get(w.id)
-            if why is not None and w.id not in out.pending:
-                out.pending[w.id] = why._replace(detail={**why.detail, "pool": p})
+        out.pending.update(res.pending)  # plans in motion and what waits here only (run() settles the rest)
 
     def _no_quota(self, prefs: dict[str, list[str]], result: CycleResult) -> None:
         """A workload that waits in every pool it may use because its queue may hold nothing of

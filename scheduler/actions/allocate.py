@@ -48,7 +48,9 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
     if ctx.reservations:
         held_in = {ctx.by_id[wid].queue for wid in ctx.reservations}
         holders = set(ctx.reservations)
-        _bind_holders(ctx)
+        if "holders-tried" not in ctx.cache:  # a later round of a node pool's cycle: done already
+            ctx.cache["holders-tried"] = True
+            _bind_holders(ctx)
         for q in held_in & queues.keys():
             queues[q] = [w for w in queues[q] if w.id not in holders]
     failed: list[Candidate] = []
