@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...contract import INTERACTIVE, KINDS, format_bytes, format_gpus
+from ...contract import INTERACTIVE, KINDS, format_bytes, format_gpus, format_policy_value
 from ...scheduler.fairshare import QueueTree
 from ...scheduler.units import parse_bytes
 from .errors import APIError
@@ -170,11 +170,7 @@ def _looser(name: str, child: Any, parent: Any) -> bool:
 
 
 def _words(name: str, value: Any) -> str:
-    if name in TIMES:
-        return human(value)
-    if name in SETS:
-        return ", ".join(sorted(value)) or "none"
-    return format_gpus(value) if name.startswith("gpus") else f"{value:g}"
+    return format_policy_value(name, value) or "none"
 
 
 def level_name(tree: QueueTree, queue: str) -> str:
@@ -334,18 +330,3 @@ def view(eff: KindPolicy) -> dict[str, Any]:
 
     return {"allowed": eff.allowed is None, "refused_by": eff.allowed.level if eff.allowed else None,
             "defaults": out(eff.defaults), "limits": out(eff.limits)}
-
-
-def describe(name: str, value: Any) -> str:
-    """A value of a policy in words (the CLI, the dashboard)."""
-    if name in TIMES:
-        return human(value)
-    if name in ("gpu_memory", "memory"):
-        return format_bytes(value)
-    if name in ("gpus", "gpus_per_pod"):
-        return format_gpus(value)
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (list, frozenset, set)):
-        return ", ".join(sorted(value))
-    return f"{value:g}" if isinstance(value, float) else str(value)
