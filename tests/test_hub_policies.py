@@ -33,8 +33,11 @@ REFUSED = "gpus: queue vision allows at most 2 GPUs per train job (policy of que
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("policies")
+    from conftest import PASSWORD
+
     with Hub(tmp, gpupool={"nodes": [{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}], "queues": QUEUES},
-             users=["alice", "bob"], admins=["admin"]) as h:
+             users=["alice", "bob"], admins=["admin"],
+             extra_config=f"c.DummyAuthenticator.password = {PASSWORD!r}") as h:
         nbformat.write(nbformat.from_dict(notebook("x = 1")), str(h.home("alice") / "tiny.ipynb"))
         yield h
 
@@ -137,6 +140,42 @@ def test_the_cli_and_a_sweep_print_the_refusal(hub, tmp_path):
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert ("the service refused trial 0: gpus: queue vision allows at most 1 GPU per hpo-trial job "
             "(policy of queue vision)") in res.stderr, res.stderr
+
+
+@pytest.mark.browser
+def test_the_dashboard_is_in_the_hubs_menu_shows_the_policies_and_refreshes_itself(hub):
+    """In Chromium: the hub's Services menu links the dashboard; it lists the effective policies, names
+    an unnamed server without a stray slash, and its numbers (the header's time) refresh by themselves."""
+    from test_dashboard import ARTIFACTS, chromium, login
+
+    r = hub.api("POST", "workspaces/alice", hub.service_token, json={"queue": "vision"})
+    assert r.status_code == 201, r.text
+    ws = r.json()["id"]
+    hub.wait_for(lambda: hub.api("GET", "workspaces/alice", hub.admin_token).json()["status"] == "running", 20)
+    try:
+        with chromium() as browser:
+            page = login(browser, hub, "alice")
+            page.goto(hub.hub_url + "hub/home")
+            link = page.locator("a.dropdown-item", has_text="gpupool")
+            assert link.get_attribute("href").rstrip("/").endswith("/services/gpupool"), link.get_attribute("href")
+            page.goto(hub.hub_url + "services/gpupool/?refresh=1")
+            page.wait_for_selector("#policies", timeout=30_000)
+            rows = [" ".join(row.split()) for row in page.inner_text("#policies").splitlines()]
+            assert "vision train limit gpus 2 GPUs queue vision" in rows, rows
+            assert "vision interactive limit gpus 1 GPU department research" in rows, rows
+            assert "vision inference not taken department research" in rows, rows
+            held = page.inner_text("#running")
+            assert f"{ws} alice\t" in held or f"{ws} alice\n" in held, held
+            assert "alice/" not in held
+            assert "no idle rules are configured" in page.inner_text("#idle")
+            first = page.inner_text("header")
+            page.wait_for_function("() => Number(document.body.dataset.refreshed || 0) >= 2", timeout=15_000)
+            assert page.inner_text("header") != first  # its time moved on, without a reload
+            assert page.evaluate("() => Chart.getChart(document.getElementById('queues-chart')) !== undefined")
+            assert page.evaluate("() => document.body.dataset.refreshError") is None
+            page.screenshot(path=str(ARTIFACTS / "dashboard-policies.png"))
+    finally:
+        hub.api("DELETE", "workspaces/alice", hub.service_token)
 
 
 LOOSER = """
