@@ -34,10 +34,11 @@ REFUSED = "gpus: queue vision allows at most 2 GPUs per train job (policy of que
 def hub(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("policies")
     from conftest import PASSWORD
+    from test_spawner import _extra
 
     with Hub(tmp, gpupool={"nodes": [{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}], "queues": QUEUES},
              users=["alice", "bob"], admins=["admin"],
-             extra_config=f"c.DummyAuthenticator.password = {PASSWORD!r}") as h:
+             extra_config=_extra(tmp) + f"c.DummyAuthenticator.password = {PASSWORD!r}\n") as h:
         nbformat.write(nbformat.from_dict(notebook("x = 1")), str(h.home("alice") / "tiny.ipynb"))
         yield h
 
@@ -176,6 +177,67 @@ def test_the_dashboard_is_in_the_hubs_menu_shows_the_policies_and_refreshes_itse
             page.screenshot(path=str(ARTIFACTS / "dashboard-policies.png"))
     finally:
         hub.api("DELETE", "workspaces/alice", hub.service_token)
+
+
+@pytest.mark.browser
+def test_the_spawn_page_offers_only_what_the_policy_allows_and_preselects_its_defaults(hub):
+    """In Chromium: the GPU menu follows the chosen queue's policy and pre-selects its defaults; a start
+    that keeps them gets them; a value beyond the limit (forced into the form) is refused, naming the rule."""
+    from test_dashboard import ARTIFACTS, chromium, login
+    from test_spawner import _server
+
+    with chromium() as browser:
+        page = login(browser, hub, "alice")
+        page.goto(hub.hub_url + "hub/spawn")
+        page.wait_for_selector("#gpupool-gpus", timeout=30_000)
+
+        def offered():
+            return page.evaluate("() => [...document.getElementById('gpupool-gpus').options]"
+                                 ".filter(o => !o.disabled && !o.hidden).map(o => o.value)")
+
+        assert page.input_value("#gpupool-queue") == "vision"
+        assert offered() == ["0", "0.25", "0.5", "1"]  # department research: at most 1 GPU per workspace
+        assert page.input_value("#gpupool-gpus") == "0.5" and page.is_checked("#gpupool-preemptible")  # defaults
+        assert page.inner_text("#gpupool-gpu-limit") == ("queue vision allows at most 1 GPU per workspace "
+                                                          "(policy of department research)")
+        page.select_option("#gpupool-queue", "ops")  # no policy: what the pool holds
+        assert offered() == ["0", "0.25", "0.5", "1", "2", "3", "4"] and page.inner_text("#gpupool-gpu-limit") == ""
+        page.select_option("#gpupool-gpus", "3")
+        page.select_option("#gpupool-queue", "vision")
+        assert page.input_value("#gpupool-gpus") == "0.5" and "3" not in offered()
+        page.screenshot(path=str(ARTIFACTS / "spawn-policy.png"))
+
+        # beyond the limit anyway (a hand-made form): the refusal names the rule and where it is set
+        page.evaluate("() => { const o = document.querySelector('#gpupool-gpus option[value=\"2\"]');"
+                      " o.disabled = false; o.hidden = false; document.getElementById('gpupool-gpus').value = '2'; }")
+        page.click("input[type=submit], button[type=submit]")
+        rule = "queue vision allows at most 1 GPU per workspace (policy of department research)"
+        page.wait_for_function(f"() => document.body.innerText.includes({rule!r})", timeout=30_000)
+        hub.wait_for(lambda: _server(hub, "alice") is None, 30)
+
+        # the defaults as pre-selected: the server gets them
+        page.goto(hub.hub_url + "hub/spawn")
+        page.wait_for_selector("#gpupool-gpus", timeout=30_000)
+        page.click("input[type=submit], button[type=submit]")
+        got_the_defaults(hub)
+    # the REST API's user_options: left out, the policy's defaults; beyond the limit, refused naming the rule
+    r = hub.hub_api("POST", "users/alice/server", hub.admin_token, json={"queue": "vision", "gpus": 2})
+    assert r.status_code == 400 and rule in r.json()["message"], r.text
+    r = hub.hub_api("POST", "users/alice/server", hub.admin_token, json={"queue": "vision"})
+    assert r.status_code in (201, 202), r.text
+    got_the_defaults(hub)
+
+
+def got_the_defaults(hub):
+    """alice's server starts with vision's workspace defaults (then it is stopped)."""
+    from test_spawner import _stop, _wait_ready
+
+    _wait_ready(hub, "alice")
+    try:
+        ws = hub.api("GET", "workspaces/alice", hub.service_token).json()
+        assert (ws["queue"], ws["gpus"], ws["preemptible"]) == ("vision", 0.5, True)
+    finally:
+        _stop(hub, "alice")
 
 
 LOOSER = """

@@ -171,3 +171,25 @@ def test_view_says_where_each_value_is_set():
                  "limits": {"gpus": {"value": 2.0, "set_by": "queue vision"},
                             "run_time": {"value": 3600.0, "set_by": "queue vision"}}}
     assert P.view(s.policies["vision"]["inference"])["refused_by"] == "department research"
+
+
+def test_the_spawn_form_offers_what_the_queues_policy_allows_and_preselects_its_defaults():
+    from gpupool.spawner.form import render_form
+
+    queues = [{"name": "vision", "deserved": {"gpu": 2}}, {"name": "ops", "deserved": {"gpu": 2}}]
+    policies = {"vision": {"defaults": {"gpus": {"value": 0.5, "set_by": "queue vision"},
+                                        "preemptible": {"value": True, "set_by": "queue vision"}},
+                           "limits": {"gpus": {"value": 1, "set_by": "department research"}}}}
+    html = render_form(queues=queues, max_gpus=4, policies=policies)
+    assert '<option value="0.5" data-gpus="0.5" selected>' in html
+    assert '<option value="2" data-gpus="2" disabled hidden>' in html and '<option value="1" data-gpus="1">' in html
+    assert 'data-max-gpus="1.0"' in html and 'data-max-gpus="4.0"' in html  # ops: the pool's
+    assert "queue vision allows at most 1 GPU per workspace (policy of department research)" in html
+    assert 'name="preemptible" checked' in html
+    # the user's last choice stays while the queue allows it; beyond the limit, the queue's default
+    assert '<option value="1" data-gpus="1" selected>' in render_form(queues=queues, max_gpus=4, policies=policies,
+                                                                      defaults={"gpus": 1, "queue": "vision"})
+    assert '<option value="0.5" data-gpus="0.5" selected>' in render_form(
+        queues=queues, max_gpus=4, policies=policies, defaults={"gpus": 3, "queue": "vision"})
+    assert '<option value="3" data-gpus="3" selected>' in render_form(queues=queues, max_gpus=4, policies=policies,
+                                                                      defaults={"gpus": 3, "queue": "ops"})
