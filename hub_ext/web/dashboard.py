@@ -7,8 +7,9 @@ by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, w
 
 Shows: queue bars (deserved / fair share / allocated), GPUs allocated versus used over the last
 day, pending workloads with their wait and reason, running workloads, idle workloads and their
-holders, and GPU-hours by user and by queue for the last 7 days with CSV downloads
-(``usage.csv?by=...``, the same numbers as ``GET usage``).
+holders, the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
+CSV downloads (``usage.csv?by=...``, the same numbers as ``GET usage``). It refreshes itself every
+``?refresh=`` seconds (10; 0: never) by fetching itself again. The hub's Services menu links it.
 """
 from __future__ import annotations
 
