@@ -346,7 +346,12 @@ class GPUPoolSpawnerMixin(Spawner):
         defaults): the same defaults a request to the service gets."""
         if not request.queue:
             return request
-        policy = gpuform.queue_policy((await self.gpupool_policies()).get(request.queue), 0)
+        try:
+            policies = await self.gpupool_policies()
+        except GPUPoolError as e:  # the service checks the request again when it is asked for the GPUs
+            self.log.warning("gpupool: no workload policy for %s's defaults: %s", self._log_name, e.message)
+            return request
+        policy = gpuform.queue_policy(policies.get(request.queue), 0)
         changes: dict[str, Any] = {}
         if all(user_options.get(k) in (None, "") for k in ("gpus", "gpu_memory")):
             if policy["gpus"] is not None:
