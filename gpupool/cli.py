@@ -13,6 +13,7 @@ COMMAND_MODULES = {
     "gpupool.client.cli": ("login", "submit", "list", "describe", "logs", "output", "delete", "queues", "top", "sweep", "nodes",
                            "node"),
     "gpupool.client.report": ("report",),
+    "gpupool.client.policy": ("policy",),
     "gpupool.hub_ext.cli": ("hub",),
 }
 

@@ -181,6 +181,25 @@ def format_request(gpus: float | None = None, gpu_memory: int | str | None = Non
     return f"{pods} workers x {each}" if pods > 1 else each
 
 
+def format_policy_value(name: str, value: Any) -> str:
+    """A value of a workload policy (``GET policies/effective``) as people read it: ``2 GPUs``,
+    ``16Gi``, ``8 h``, ``yes``, ``train, interactive``."""
+    if name in ("run_time", "idle_time"):
+        for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+            if value >= size and value % size == 0:
+                return f"{value / size:g} {unit}"
+        return f"{value:g} s"
+    if name in ("gpu_memory", "memory"):
+        return format_bytes(value)
+    if name in ("gpus", "gpus_per_pod"):
+        return format_gpus(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(sorted(value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 __all__ = [
     "QUEUED", "STARTING", "RUNNING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED", "ACTIVE", "HOLDING",
     "ENDED", "STATUSES", "STOPPED", "WORKSPACE_STATUSES", "KINDS", "INTERACTIVE", "TRAIN", "HPO_TRIAL",
@@ -189,7 +208,7 @@ __all__ = [
     "MAX_PODS", "MAX_CPU", "MAX_BYTES", "PRIORITY_RANGE", "INT64",
     "MAX_LIST", "USAGE_PERIODS", "USAGE_GROUPS", "DEFAULT_USAGE_GROUP", "error_payload", "read_error", "Placement",
     "encode_allocation", "decode_allocation", "allocation_from_api", "allocation_to_api", "describe_allocation",
-    "format_bytes", "parse_bytes", "format_gpus", "format_request", "Env", "JobDir", "StopCause",
+    "format_bytes", "parse_bytes", "format_gpus", "format_request", "format_policy_value", "Env", "JobDir", "StopCause",
 ]
 
 

@@ -127,7 +127,7 @@ def configure(c: Any, *, spawner: bool = True) -> None:
         "oauth_no_confirm": True,
         # the dashboard's sign-in token carries the user's gpupool scopes (admins see everything)
         "oauth_client_allowed_scopes": [SUBMIT_SCOPE, ADMIN_SCOPE],
-        "display": False,
+        "display": True,  # the hub's Services menu links the dashboard (every user may sign in to it)
     })
     c.JupyterHub.services = services
 

@@ -30,6 +30,7 @@ from ..scheduler.placement import POLICIES
 from ..scheduler.spec import SpecError, parse_nodes, parse_queues
 from .config_checks import knob_errors, over_commit_warnings
 from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
+from .domain.policies import merge_time_rules, resolve as resolve_policies
 from .web.scopes import role_errors
 
 QUEUE_ACCESS_FIELDS = ("users", "groups")
@@ -47,7 +48,8 @@ class GPUPool(Configurable):
         default_value=[],
         help="""Queues, in the scenario format (name, parent, deserved, limit, over_quota_weight,
         priority) plus who may use each leaf queue: ``users`` (names) and ``groups`` (JupyterHub
-        groups). A queue with neither is open to every user. Example:
+        groups). A queue with neither is open to every user. ``policy`` (any queue or department):
+        defaults and limits per kind, which a child may only tighten (docs/admin.md). Example:
         ``[{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"], "groups": ["cv"]}]``.
         Empty: one queue ``default`` open to everyone, deserving all GPUs.
         Changes apply when the hub restarts; queued and running jobs are kept.""",
@@ -316,6 +318,7 @@ class Settings:
     warnings: list[str] = field(default_factory=list)  # e.g. over-committed quotas (logged at start)
     idle_rules: dict = field(default_factory=dict)  # (queue, class) -> domain.idle_rules.Rule
     max_runtime: dict = field(default_factory=dict)  # (queue, class) -> domain.idle_rules.Rule
+    policies: dict = field(default_factory=dict)  # leaf queue -> kind -> domain.policies.KindPolicy
 
 
 def _traits_json(pool: GPUPool) -> dict[str, Any]:
@@ -386,7 +389,7 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
     queues: list[QueueSpec] = []
     access: dict[str, dict[str, list[str]]] = {}
     try:
-        queues = parse_queues(raw, "c.GPUPool.queues", extra_fields=QUEUE_ACCESS_FIELDS)
+        queues = parse_queues(raw, "c.GPUPool.queues", extra_fields=(*QUEUE_ACCESS_FIELDS, "policy"))
     except SpecError as e:
         errors.append(str(e))
     else:
@@ -427,6 +430,8 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
         except SpecError as e:
             nodes_ok = False
             errors.append(str(e))
+    policies, policy_errors = resolve_policies(raw, queues) if queues else ({}, [])
+    errors += policy_errors
     if pool.default_queue and access and pool.default_queue not in access:
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
     errors += knob_errors(pool)
@@ -439,9 +444,10 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
         max_runtime = resolve_limits(pool.max_runtime, queues)
     except RuleError as e:
         return None, [str(e)]
+    merge_time_rules(policies, max_runtime, idle_rules)
     warnings = over_commit_warnings(queues, nodes if nodes_ok else None)
     return Settings(pool=pool, queues=queues, access=access, nodes=nodes, gpu_uuids=uuids, warnings=warnings,
-                    idle_rules=idle_rules, max_runtime=max_runtime), []
+                    idle_rules=idle_rules, max_runtime=max_runtime, policies=policies), []
 
 
 def to_json(settings: Settings) -> str:

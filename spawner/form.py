@@ -187,30 +187,59 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict:
     return out
 
 
+def queue_policy(policy: dict | None, max_gpus: int) -> dict:
+    """What a queue's workload policy (its ``interactive`` entry of ``GET policies/effective``)
+    lets a workspace ask for: the most GPUs (``max_gpus``: the pool's, or less), and its defaults."""
+    policy = policy or {}
+    limits = {k: v.get("value") for k, v in (policy.get("limits") or {}).items()}
+    defaults = {k: v.get("value") for k, v in (policy.get("defaults") or {}).items()}
+    most = float(max_gpus)
+    for key in ("gpus", "gpus_per_pod"):
+        if limits.get(key) is not None:
+            most = min(most, float(limits[key]))
+    where = {k: v.get("set_by") for k, v in (policy.get("limits") or {}).items()}
+    return {"max_gpus": most, "gpus": defaults.get("gpus"), "gpu_memory": defaults.get("gpu_memory"),
+            "preemptible": defaults.get("preemptible"), "set_by": where.get("gpus") or where.get("gpus_per_pod")}
+
+
 def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
                 gpu_memory: int = 0, gpu_model: str = "", defaults: dict | None = None,
-                note: str = "") -> str:
+                note: str = "", policies: dict | None = None) -> str:
     """The form body (JupyterHub wraps it in ``<form>`` with a Start button), from
     ``templates/gpu_form.html``.
 
     ``queues``: entries of ``GET queues`` the user may submit to (``name``, ``deserved``,
-    ``allocated``, ``pending``); ``defaults``: the user's last ``user_options``."""
+    ``allocated``, ``pending``); ``defaults``: the user's last ``user_options``; ``policies``: queue
+    -> its ``interactive`` policy (``GET policies/effective``): the menu offers only the GPUs the
+    chosen queue allows (a script follows the queue menu) and pre-selects its defaults."""
     d = dict(defaults or {})
-    gpu_options = [("0", format_gpus(0))]
+    gpu_options = [(0.0, "0", format_gpus(0))]
     if max_gpus > 0:
-        gpu_options += [(f"{f:g}", f"{format_gpus(f)} ({_fraction_label(f)} of one, shared)") for f in fractions]
-    gpu_options += [(str(n), format_gpus(n)) for n in range(1, max_gpus + 1)]
-    try:
-        current_gpus = f"{float(str(d.get('gpus', '0'))):g}"
-    except ValueError:
-        current_gpus = "0"
+        gpu_options += [(f, f"{f:g}", f"{format_gpus(f)} ({_fraction_label(f)} of one, shared)") for f in fractions]
+    gpu_options += [(float(n), str(n), format_gpus(n)) for n in range(1, max_gpus + 1)]
     rows = [{"name": str(q.get("name", "")), "deserved": float((q.get("deserved") or {}).get("gpu", 0)),
-             "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0)}
+             "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0),
+             **queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus)}
             for q in queues]
-    return render(_HERE, "gpu_form.html", note=note, gpu_options=gpu_options, current_gpus=current_gpus,
-                  gpu_memory_value=str(d.get("gpu_memory") or ""), gpu_memory=gpu_memory, gpu_model=gpu_model,
-                  queues=rows, current_queue=d.get("queue") or (rows[0]["name"] if rows else ""),
-                  preemptible=d.get("preemptible") in (True, "on", "true"))
+    current_queue = d.get("queue") if any(r["name"] == d.get("queue") for r in rows) else (rows[0]["name"] if rows
+                                                                                          else "")
+    policy = next((r for r in rows if r["name"] == current_queue), queue_policy(None, max_gpus))
+    try:
+        last = float(str(d["gpus"])) if d.get("gpus") not in (None, "") else None
+    except ValueError:
+        last = None
+    if d.get("gpu_memory"):  # the user's last choice: a share of one GPU
+        chosen, gpu_memory_value = 0.0, str(d["gpu_memory"])
+    elif last is not None and last <= policy["max_gpus"]:
+        chosen, gpu_memory_value = last, ""
+    else:  # the queue's defaults
+        chosen = float(policy["gpus"] or 0)
+        gpu_memory_value = format_bytes(policy["gpu_memory"]) if policy["gpu_memory"] else ""
+    preemptible = d.get("preemptible") if "preemptible" in d else policy["preemptible"]
+    return render(_HERE, "gpu_form.html", note=note, gpu_options=gpu_options, current_gpus=f"{chosen:g}",
+                  gpu_memory_value=gpu_memory_value, gpu_memory=gpu_memory, gpu_model=gpu_model,
+                  queues=rows, current_queue=current_queue, max_allowed=policy["max_gpus"],
+                  preemptible=preemptible in (True, "on", "true"))
 
 
 def render_unavailable() -> str:

@@ -23,6 +23,7 @@ Nothing in this module depends on the local process spawner.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import threading
@@ -268,6 +269,18 @@ class GPUPoolSpawnerMixin(Spawner):
         queues = (data or {}).get("queues", []) if isinstance(data, dict) else []
         return [q for q in queues if q.get("may_submit")]
 
+    async def gpupool_policies(self) -> dict[str, dict]:
+        """Leaf queue -> the workload policy of its workspaces (the ``interactive`` entry of ``GET
+        policies/effective``): what the spawn page offers and pre-selects. A service that does not
+        answer it: no policies (the service still checks every request)."""
+        try:
+            data = await self._gpupool("GET", "policies/effective")
+        except GPUPoolError as e:
+            if e.status != 404:
+                raise
+            return {}
+        return {p["queue"]: p["kinds"].get(C.INTERACTIVE, {}) for p in (data or {}).get("policies", [])}
+
     async def gpupool_nodes(self) -> list[dict]:
         data = await self._gpupool("GET", "nodes")
         return (data or {}).get("nodes", []) if isinstance(data, dict) else []
@@ -285,14 +298,16 @@ class GPUPoolSpawnerMixin(Spawner):
         try:
             queues = await self.gpupool_queues()
             nodes = await self.gpupool_nodes()
+            policies = await self.gpupool_policies()
         except GPUPoolError as e:
             self.log.error("gpupool: cannot build the options form for %s: %s", self._log_name, e.message)
             return gpuform.render_unavailable()
         max_gpus, memory, model = self._limits_from_nodes(nodes)
         defaults = self.orm_spawner.user_options if getattr(self, "orm_spawner", None) else None
+        queues = [q for q in queues if policies.get(q["name"], {}).get("allowed", True)]  # queues taking workspaces
         return gpuform.render_form(queues=queues, fractions=self.gpu_fractions, max_gpus=max_gpus,
                                    gpu_memory=memory, gpu_model=model, defaults=defaults or {},
-                                   note=self.gpupool_form_note)
+                                   note=self.gpupool_form_note, policies=policies)
 
     async def validate_gpu_options(self, user_options: dict) -> GPURequest:
         """``user_options`` -> GPURequest, or SpawnException(400) naming the field.
@@ -317,13 +332,35 @@ class GPUPoolSpawnerMixin(Spawner):
             nodes, queues = [], None
         max_gpus, memory, _ = self._limits_from_nodes(nodes)
         try:
-            return gpuform.parse_user_options(
+            request = gpuform.parse_user_options(
                 user_options, max_gpus=max_gpus, max_gpu_memory=memory,
                 queues=queues, default_gpus=self.default_gpus, default_preemptible=self.default_preemptible,
                 extra_fields=self.extra_user_options)
         except OptionError as e:
             raise _spawn_error(f"Invalid option {e.field}: {e.message}", reason="invalid-options",
                                  status_code=400) from None
+        return await self._policy_defaults(request, user_options or {}) if queues is not None else request
+
+    async def _policy_defaults(self, request: GPURequest, user_options: dict) -> GPURequest:
+        """What the user left out, from the queue's workload policy (before the spawner's own
+        defaults): the same defaults a request to the service gets."""
+        if not request.queue:
+            return request
+        try:
+            policies = await self.gpupool_policies()
+        except GPUPoolError as e:  # the service checks the request again when it is asked for the GPUs
+            self.log.warning("gpupool: no workload policy for %s's defaults: %s", self._log_name, e.message)
+            return request
+        policy = gpuform.queue_policy(policies.get(request.queue), 0)
+        changes: dict[str, Any] = {}
+        if all(user_options.get(k) in (None, "") for k in ("gpus", "gpu_memory")):
+            if policy["gpus"] is not None:
+                changes.update(gpus=float(policy["gpus"]), gpu_memory=0)
+            elif policy["gpu_memory"] is not None:
+                changes.update(gpus=0.0, gpu_memory=int(policy["gpu_memory"]))
+        if user_options.get("preemptible") is None and policy["preemptible"] is not None:
+            changes["preemptible"] = bool(policy["preemptible"])
+        return dataclasses.replace(request, **changes) if changes else request
 
     async def _run_apply_user_options(self, user_options):
         # Validate first (a clean 400 naming the field), then the admin's apply_user_options hook.
@@ -402,7 +439,7 @@ class GPUPoolSpawnerMixin(Spawner):
             ws = await self._gpupool("POST", path, body=request.body(self.name))
         except GPUPoolError as e:
             if 400 <= e.status < 500 and e.status not in (401,):
-                field = f"{e.field}: " if e.field else ""
+                field = f"{e.field}: " if e.field and not e.message.startswith(f"{e.field}:") else ""
                 raise _spawn_error(f"The GPU scheduler refused the request: {field}{e.message}",
                                      reason="gpupool-refused", status_code=e.status) from None
             raise _spawn_error(f"Cannot start: {e.message}. Please try again in a minute or tell your admin.",

@@ -164,6 +164,8 @@ def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, 
     v = values(name)
     if name == "declared-inventory":
         assert c.GPUPool.nodes == v["gpupool"]["inventory"]["nodes"] and kube.discovery == "declared"
+        assert c.GPUPool.queues == v["gpupool"]["queues"] and c.GPUPool.queues[1]["policy"]["train"]["limits"] == {
+            "gpus": 4}  # the values carry workload policies to the service (checked above: check() == [])
         assert kube.home_claim == "" and not kube.count_foreign_pods
     else:
         assert c.GPUPool.nodes == [] and kube.discovery == "kubernetes"
@@ -233,6 +235,8 @@ def test_z2jh_values_render_ingress_and_proxy_tls(chart):
     ({"cull": {"timeout": 0}}, "timeout"),
     ({"ingress": {"enabled": True, "tls": [{"hosts": ["x"]}]}}, "secretName"),
     ({"hub": {"extraConfig": {"00-x": 5}}}, "extraConfig"),
+    ({"gpupool": {"queues": [{"name": "q", "policy": {"gpu-hog": {}}}]}}, "gpu-hog"),
+    ({"gpupool": {"queues": [{"name": "q", "policy": {"train": {"limits": {"gpu": 2}}}}]}}, "gpu"),
 ])
 def test_bad_values_fail_at_install(chart, bad, words):
     with pytest.raises(helm.HelmError) as e:

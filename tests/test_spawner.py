@@ -97,10 +97,10 @@ def test_render_form():
     html = render_form(queues=queues, max_gpus=3, gpu_memory=24 * GiB, gpu_model="A10",
                        defaults={"gpus": "2", "queue": "vision", "preemptible": True}, note="Ask #gpu")
     assert 'name="gpus"' in html and 'name="gpu_memory"' in html and 'name="preemptible"' in html
-    assert '<option value="0.25">' in html and '<option value="0.5">' in html
-    assert '<option value="2" selected>2 GPUs</option>' in html
+    assert '<option value="0.25" data-gpus="0.25">' in html and '<option value="0.5" data-gpus="0.5">' in html
+    assert '<option value="2" data-gpus="2" selected>2 GPUs</option>' in html
     assert '<option value="4"' not in html
-    assert 'value="vision" selected>vision: 1.5 of 4 deserved GPUs in use, 2 waiting' in html
+    assert ' selected>vision: 1.5 of 4 deserved GPUs in use, 2 waiting' in html
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html  # escaped
     assert " checked" in html and "24Gi (A10)" in html and "Ask #gpu" in html
     empty = render_form(queues=[], max_gpus=1)
@@ -518,8 +518,9 @@ def test_render_form_escapes_each_value_once():
     html = render_form(queues=[{"name": "a&b", "deserved": {"gpu": 1}}], max_gpus=1, gpu_memory=24 * GiB,
                        gpu_model="<L4 & co>", defaults={"gpu_memory": '"><script>'}, note="<i>note</i>")
     assert "(&lt;L4 &amp; co&gt;)" in html and "&amp;lt;" not in html and "&amp;amp;" not in html
-    assert 'value="a&amp;b"' in html and "<script>" not in html and "&lt;i&gt;note&lt;/i&gt;" in html
-    assert '<option value="0" selected>0 GPUs (CPU only)</option>' in html
+    assert 'value="a&amp;b"' in html and '"><script>' not in html and "&lt;i&gt;note&lt;/i&gt;" in html
+    assert html.count("<script>") == 1  # the form's own (the queue menu's), not the value's
+    assert '<option value="0" data-gpus="0" selected>0 GPUs (CPU only)</option>' in html
 
 
 def test_timeout_advice_follows_the_reason_code():

@@ -25,6 +25,7 @@ from ...scheduler.units import parse_bytes
 from ..store import tables as D
 from ..store.inserter import Refused
 from . import lifecycle
+from . import policies
 from .access import QueueAccess
 from .errors import APIError
 from .gpus import check_gpus
@@ -72,9 +73,19 @@ class Submissions:
     def workdir(self, user: str) -> str:
         return user_workdir(self.settings.pool.work_dir, user)
 
+    def policy(self, queue: str, kind: str) -> Any:
+        """The effective policy (domain/policies.py) of ``kind`` in ``queue``; None when it has none."""
+        return self.settings.policies.get(queue, {}).get(kind)
+
+    def with_defaults(self, request: Any, queue: str, kind: str) -> Any:
+        """The request with its queue's policy defaults in the fields it left out."""
+        fields = tuple(type(request).model_fields)
+        filled = policies.fill(self.policy(queue, kind), {f: getattr(request, f) for f in fields}, fields)
+        return request.model_copy(update=filled) if filled else request
+
     def resources(self, request: Any, queue: str, kind: str, user: str, **overrides: Any) -> Any:
-        """The scheduler's rules for a request (fractions, whole GPUs, what the nodes can hold):
-        its ``scheduler.model.Workload``."""
+        """The scheduler's rules for a request (fractions, whole GPUs, what the nodes can hold)
+        and its queue's policy limits: its ``scheduler.model.Workload``."""
         entry: dict[str, Any] = {"name": "request", "queue": queue, "kind": kind, "user": user}
         for key in _scheduler_fields(request):
             value = overrides.get(key, getattr(request, key, None))
@@ -102,6 +113,7 @@ class Submissions:
                 raise APIError(400, f"gpu_memory: no GPU has {C.format_bytes(w.gpu_memory)} "
                                     f"(the largest has {C.format_bytes(self.max_gpu_memory)} once the driver's "
                                     "reserve is kept: c.GPUPool.gpu_memory_reserve)", "gpu_memory")
+        policies.check(self.policy(queue, kind), queue, kind, w)
         return w
 
     # ------------------------------------------------------------------ jobs
@@ -115,6 +127,7 @@ class Submissions:
                                 "command", "notebook")
         kind = request.kind or C.DEFAULT_JOB_KIND
         queue = self.access.choose(ident, request.queue)
+        request = self.with_defaults(request, queue, kind)
         w = self.resources(request, queue, kind, ident.name)
         check_pods(w, self.settings.pool.max_pods, self.settings.nodes)
         source: str | None = None
@@ -176,6 +189,7 @@ class Submissions:
         same request again is the same workspace; a different one replaces it."""
         user = owner.name
         queue = self.access.choose(owner, request.queue)
+        request = self.with_defaults(request, queue, C.INTERACTIVE)
         preemptible = request.preemptible
         if preemptible is None:
             preemptible = self.settings.pool.workspace_preemptible_default

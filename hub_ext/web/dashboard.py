@@ -7,8 +7,9 @@ by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, w
 
 Shows: queue bars (deserved / fair share / allocated), GPUs allocated versus used over the last
 day, pending workloads with their wait and reason, running workloads, idle workloads and their
-holders, and GPU-hours by user and by queue for the last 7 days with CSV downloads
-(``usage.csv?by=...``, the same numbers as ``GET usage``).
+holders, the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
+CSV downloads (``usage.csv?by=...``, the same numbers as ``GET usage``). It refreshes itself every
+``?refresh=`` seconds (10; 0: never) by fetching itself again. The hub's Services menu links it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ... import contract as C
 from ..domain import usage as U
 from ..store import tables as D
 from .base import iso
+from .policies import effective
 from .scopes import ADMIN_SCOPE, has_scope
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hub_ext/: templates/ and static/
@@ -81,7 +83,7 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
         pid = r.public_id
         ended = [a for a in r.history or [] if a.get("outcome")]  # its attempts' history: the last end says why
         view = {"id": pid, "user": r.user, "queue": r.queue, "kind": r.kind, "gpus": r.gpus, "status": r.status,
-                "name": r.name if r.type == D.JOB else f"{r.user}/{r.server}",
+                "name": r.name if r.type == D.JOB else f"{r.user}/{r.server}" if r.server else r.user,
                 "marker": C.history_marker(r.status, r.attempt) if r.type == D.JOB else "",
                 "last_end": f'attempt {ended[-1]["attempt"]}: {ended[-1]["reason"]}' if ended else ""}
         if r.status == D.QUEUED and r.allocation is None:
@@ -98,7 +100,32 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
     total = sum(n.gpus for n in svc.settings.nodes)
     return {"user": name, "admin": admin, "now": iso(now), "gpus_total": total, "queues": queues,
             "timeline": timeline, "pending": pending, "running": running, "idle": idle, "week": week,
-            "since_week": iso(now - 7 * DAY)}
+            "since_week": iso(now - 7 * DAY), "policies": policy_rows(svc), "idle_note": idle_note(svc)}
+
+
+def policy_rows(svc: Any) -> list[dict]:
+    """The effective policy of every leaf queue (domain/policies.py), one row per value set."""
+    rows = []
+    for queue in svc.access.leaves:
+        for kind, p in effective(svc.settings, queue)["kinds"].items():
+            if not p["allowed"]:
+                rows.append({"queue": queue, "kind": kind, "rule": "not taken", "value": "", "set_by": p["refused_by"]})
+            for part in ("defaults", "limits"):
+                rows += [{"queue": queue, "kind": kind, "rule": f"{part[:-1]} {field}",
+                          "value": C.format_policy_value(field, v["value"]), "set_by": v["set_by"]}
+                         for field, v in p[part].items()]
+    return rows
+
+
+def idle_note(svc: Any) -> str:
+    """What the empty idle table means, as things are: no rules, rules without readings, or nothing idle."""
+    if not svc.settings.idle_rules:
+        return "no idle rules are configured (c.GPUPool.idle_rules, or a policy's idle_time), so no GPU is checked"
+    if svc.nvml is None or not svc.settings.gpu_uuids or svc.settings.pool.usage_sample_seconds <= 0:
+        return ("idle rules are configured, but these GPUs have no NVML readings (a declared inventory), so none "
+                "is ever found idle")
+    return (f"idle rules are configured for {len(svc.settings.idle_rules)} queue and class pairs; no workload's "
+            "GPUs have read 0 % for as long as its rule says")
 
 
 def _handlers() -> tuple[type, type, type]:
