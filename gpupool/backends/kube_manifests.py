@@ -166,14 +166,17 @@ def gpu_ids_for(placement: PodPlacement, uuids: Sequence[str] | None) -> list[st
     return P.device_ids(placement.gpus, uuids)
 
 
-def gpu_env(placement: PodPlacement, uuids: Sequence[str] | None = None, gpu_memory: int = 0) -> dict[str, str]:
+def gpu_env(placement: PodPlacement, uuids: Sequence[str] | None = None, gpu_memory: int = 0,
+            memory: int = 0) -> dict[str, str]:
     """The GPU part of a pod's environment for ``placement`` (``gpu_memory``: the memory of one of
     the node's GPUs, 0 unknown): :func:`gpupool.protocol.gpu_env` for a container. Whole GPUs are
     named only by where they are (the device plugin picks and isolates the devices); a fraction
     names its GPU in ``NVIDIA_VISIBLE_DEVICES`` and its share and memory cap in the environment,
     the way Run:ai / KAI share a GPU without MIG; a CPU-only pod gets
-    ``NVIDIA_VISIBLE_DEVICES=void``."""
-    return P.gpu_env(placement, uuids=uuids, memory=P.memory_limit(placement.fraction, gpu_memory), container=True)
+    ``NVIDIA_VISIBLE_DEVICES=void``. ``memory``: the fraction's cap when known (else its share
+    of ``gpu_memory``)."""
+    memory = memory or P.memory_limit(placement.fraction, gpu_memory)
+    return P.gpu_env(placement, uuids=uuids, memory=memory, total=gpu_memory, container=True)
 
 
 def env_list(env: dict[str, str]) -> list[dict[str, str]]:
@@ -349,7 +352,9 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         "HOME": spec.home_mount,
         "PYTHONUNBUFFERED": "1",
     })
-    env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory))
+    # the cap the service computed (a memory request, the driver's reserve) is kept
+    cap = int((spec.env or {}).get(Env.GPU_MEMORY_LIMIT) or 0) if 0 < p.fraction < 1 else 0
+    env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory, memory=cap))
     secret = {k: env.pop(k) for k in SECRET_ENV if k in env}
     env_entries = env_list(env) + [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": job_secret_name(spec.run_id), "key": k}}} for k in secret]

@@ -352,7 +352,9 @@ def _runner(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     log = open(args.log, "ab", buffering=0)
-    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # the program's Python processes start with gpupool's hook (a fraction's cap handed to PyTorch, TensorFlow)
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=P.with_startup_hook(os.environ))
     stopped: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
