@@ -246,3 +246,18 @@ def history_marker(status: str | None, attempts: int | None) -> str:
 
 
 __all__ += ["PREEMPTED", "REQUEUED", "LOST", "RETRIED", "SUSPENDED", "ATTEMPT_OUTCOMES", "history_marker"]
+
+
+# -- what holds a fractional workload to its GPU memory share (its ``enforcement``) --------------
+# driver: its own cgroup, capped by the NVIDIA driver (an allocation past the cap fails in the job);
+# watch: NVML's per-process readings, checked every cycle against the share (c.GPUPool.memory_enforcement);
+# framework: only its frameworks are told the cap (PyTorch, TensorFlow, JAX; the other tiers are
+# missing there, e.g. on Kubernetes without a GPU-sharing scheduler that enforces it). Whole GPUs: null.
+ENFORCE_DRIVER, ENFORCE_WATCH, ENFORCE_FRAMEWORK = "driver", "watch", "framework"
+ENFORCEMENT_TIERS = (ENFORCE_DRIVER, ENFORCE_WATCH, ENFORCE_FRAMEWORK)
+ENFORCEMENT_WORDS = {
+    ENFORCE_DRIVER: "driver: its own cgroup; the NVIDIA driver refuses GPU memory past its share",
+    ENFORCE_WATCH: "watch: NVML readings checked against its share; its frameworks are told the cap",
+    ENFORCE_FRAMEWORK: "framework: PyTorch, TensorFlow and JAX are told the cap; nothing outside the job enforces it",
+}
+__all__ += ["ENFORCE_DRIVER", "ENFORCE_WATCH", "ENFORCE_FRAMEWORK", "ENFORCEMENT_TIERS", "ENFORCEMENT_WORDS"]

@@ -90,7 +90,20 @@ class JobSpecs:
                        kernel_name=self.pool.kernel_name, python=self.pool.job_python, run_as=run_as,
                        queue=row.queue or "", kind=row.kind or "", cpu=float(row.cpu or 0), memory=int(row.memory or 0),
                        command=program_command(row), pods=pods,
-                       worker_env=[self.placement_env(p, row.gpu_memory) for p in placements] if pods > 1 else [])
+                       worker_env=[self.placement_env(p, row.gpu_memory) for p in placements] if pods > 1 else [],
+                       gpu_caps=[self.gpu_cap(p, row.gpu_memory) for p in placements])
+
+    def gpu_cap(self, placement: PodPlacement, gpu_memory: int = 0) -> dict[str, int]:
+        """A fractional placement's cap for the driver (tier 2): at most its fraction of what the
+        driver leaves of the GPU (hard), what it asked for guaranteed (soft); {} for whole GPUs,
+        no GPU, or a GPU of unknown size."""
+        node = self.node(placement.node)
+        total = (node.gpu_memory or 0) if node else 0
+        hard = memory_limit(placement.fraction, total, 0, *self.reserve) if placement.gpus else 0
+        if not hard:
+            return {}
+        soft = memory_limit(placement.fraction, total, gpu_memory or 0, *self.reserve)
+        return {"gpu": int(placement.gpus[0]), "hard": hard, "soft": min(soft, hard)}
 
     @staticmethod
     def resumes_from(spec: JobSpec) -> str | None:
