@@ -189,3 +189,29 @@ def test_a_broken_hook_never_stops_the_program(tmp_path):
     out = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, **env, caps.FRACTION: "0.5", caps.LIMIT: "not-a-number"})
     assert out.stdout.strip() == "ran"
+
+
+def test_a_fractional_pod_carries_kais_memory_annotations():
+    """KAI-Scheduler's names (pkg/common/constants/constants.go): gpu-memory in MiB, or
+    gpu-fraction when the cap is unknown (its validator refuses both), and the container."""
+    from gpupool.backends import kube_manifests as km
+    from gpupool.scheduler.model import PodPlacement
+
+    def annotations(placement, gpu_memory=0, env=None):
+        spec = km.JobPodSpec(job_id="j-000001", run_id="j-000001.1.x", user="ann", queue="q", image="img",
+                             placement=placement, notebook="/j/in.ipynb", output="/j/out.ipynb", log="/j/log.txt",
+                             job_dir="/j", checkpoint_dir="/j/checkpoints", stop_file="/j/control/stop",
+                             gpu_memory=gpu_memory, env=env or {})
+        pod = km.job_pod_manifest(spec)
+        assert pod["spec"]["containers"][0]["name"] == "notebook"
+        return pod["metadata"]["annotations"]
+
+    half = PodPlacement(0, "n1", (0,), 0.5)
+    ann = annotations(half, 80 * GiB, {Env.GPU_MEMORY_LIMIT: str(10 * GiB)})
+    assert (ann["gpu-memory"], ann["gpu-fraction-container-name"]) == ("10240", "notebook")
+    assert "gpu-fraction" not in ann and ann[km.ANN_PLACEMENT]  # gpupool's own placement annotation stays
+    assert annotations(half, 80 * GiB)["gpu-memory"] == "40960"  # its share of the GPU
+    unknown = annotations(half)  # a GPU of unknown size
+    assert unknown["gpu-fraction"] == "0.5" and "gpu-memory" not in unknown
+    whole = annotations(PodPlacement(0, "n1", (0, 1), 1.0), 80 * GiB)
+    assert not {"gpu-memory", "gpu-fraction", "gpu-fraction-container-name"} & set(whole)

@@ -55,6 +55,12 @@ ANN_QUEUE = f"{GROUP}/queue"
 ANN_PLACEMENT = f"{GROUP}/placement"
 ANN_ATTEMPT = f"{GROUP}/attempt"
 ANN_GPU_IDS = f"{GROUP}/gpu-ids"
+# KAI-Scheduler's GPU-sharing annotations (pkg/common/constants): a fractional pod's share as
+# ``gpu-memory`` (MiB) when its cap is known, else ``gpu-fraction`` (KAI refuses both on one pod),
+# and the container that holds it (``gpu-fraction-container-name``)
+KAI_GPU_FRACTION = "gpu-fraction"
+KAI_GPU_MEMORY = "gpu-memory"
+KAI_CONTAINER = "gpu-fraction-container-name"
 # Optional node annotation: the node's GPU UUIDs in index order, comma-separated
 # (kubectl annotate node N gpupool.io/gpu-uuids=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | paste -sd,))
 NODE_ANN_GPU_UUIDS = f"{GROUP}/gpu-uuids"
@@ -132,6 +138,17 @@ def gpupool_annotations(*, job_id: str, user: str, queue: str, placements: Seque
     if gpu_ids:
         ann[ANN_GPU_IDS] = ",".join(gpu_ids)
     return ann
+
+
+def kai_annotations(placement: PodPlacement, memory: int, container: str) -> dict[str, str]:
+    """KAI-Scheduler's per-container annotations of a fractional pod (none for whole GPUs): its
+    memory cap in MiB (``memory`` bytes), else its fraction, and the container that holds it. A
+    KAI or Run:ai installation that enforces GPU memory reads them; gpupool's own placement
+    annotation stays the one it reads back."""
+    if not placement.gpus or placement.fraction >= 1.0:
+        return {}
+    share = {KAI_GPU_MEMORY: str(max(1, int(memory) // 2**20))} if memory else {KAI_GPU_FRACTION: f"{placement.fraction:g}"}
+    return {**share, KAI_CONTAINER: container}
 
 
 def node_affinity(node: str) -> dict[str, Any]:
@@ -410,6 +427,7 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
     annotations = gpupool_annotations(job_id=spec.job_id, user=spec.user, queue=spec.queue,
                                       placements=[p], attempt=spec.attempt, gpu_ids=gpu_ids)
     annotations[f"{GROUP}/run-id"] = spec.run_id
+    annotations.update(kai_annotations(p, int(env.get(Env.GPU_MEMORY_LIMIT) or 0), container["name"]))
     annotations.update(spec.extra_annotations)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
