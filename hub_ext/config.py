@@ -198,6 +198,14 @@ class GPUPool(Configurable):
         caps hold it. "" turns the driver's limits off (docs/admin.md).""",
     ).tag(config=True)
 
+    prometheus_url = Unicode(
+        "",
+        help="""The Prometheus that scrapes NVIDIA's DCGM exporter (e.g.
+        ``http://prometheus-operated.monitoring:9090``): the GPUs' utilisation and memory on a
+        cluster, where NVML sees only the service's machine. They feed the utilisation history,
+        the idle rules and the used GPU-hours. "" reads NVML alone (docs/admin.md).""",
+    ).tag(config=True)
+
     workspace_preemptible_default = Bool(
         False,
         help="Whether a workspace (notebook server) is preemptible when its request does not say.",
