@@ -445,8 +445,7 @@ class Health(Answer):
 
 
 class UsageRow(Answer):
-    """GPU-hours of one group; the group's name is under the grouping's key (``"user": "alice"``,
-    ``"day": "2026-11-02"``; ``"total"`` in the total)."""
+    """GPU-hours of one group, named under the grouping's key (``"user": "alice"``; ``"total"``)."""
 
     allocated_gpu_hours: float = Field(ge=0)
     used_gpu_hours: Optional[float] = Field(description="null: no NVML reading covered the allocation (unknown)")
@@ -469,6 +468,7 @@ class Reading(Answer):
     seconds: float
     utilization: Optional[float]
     memory_used: Optional[int]
+    state: Optional[Literal[C.GPU_STATES]] = Field(None, description="busy, idle, or held: 0 % holding memory")  # type: ignore[valid-type]  # noqa: E501
 
 
 class GpuSeries(Answer):
