@@ -51,26 +51,22 @@ def test_prometheus_unreachable_is_no_reading(caplog):
 
 
 async def test_idle_rules_and_used_gpu_hours_work_from_prometheus(tmp_path):
-    """A job on n1's GPU 1 at 50 % for two minutes, then idle: its used GPU-hours are half its
-    allocated ones while busy, and the idle rule flags it once the exporter reads 0 %."""
-    from gpupool.backends.local import LocalBackend
+    """A job on n1's GPU 1 at 50 % for two minutes, then at 0 % with its 8Gi still allocated: its
+    used GPU-hours are half its allocated ones while busy, and the idle rule flags it as idle-held
+    once the exporter reads 0 %."""
+    from sqlalchemy import select
+
     from gpupool.hub_ext import store as D
-    from gpupool.hub_ext.config import load as load_config
     from gpupool.hub_ext.domain import usage
     from gpupool.hub_ext.runtime.idle import IdleChecker
-    from gpupool.hub_ext.runtime.loop import SchedulerLoop
     from gpupool.hub_ext.runtime.sampling import Sampler
     from gpupool.hub_ext.store import ledger
-    from sqlalchemy import select
+    from test_idle_held import QUEUES, service_parts
 
     t0 = 1_800_000_000.0
     now = [t0]
-    settings = load_config({"nodes": [{"name": "n1", "gpus": 2}], "queues": [{"name": "q", "deserved": {"gpu": 2}}],
-                            "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
-                            "work_dir": str(tmp_path), "run_as_user": False,
-                            "idle_rules": {"q": {"train": {"after": 60}}}}, discover=False)
-    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
-    loop = SchedulerLoop(settings, sessions, LocalBackend())
+    settings, sessions, loop = service_parts(tmp_path, [{"name": "n1", "gpus": 2}], QUEUES,
+                                             {"q": {"train": {"after": 60}}})
     with sessions() as s:
         s.add(D.Workload(type=D.JOB, kind="train", user="bob", queue="q", gpus=1.0, submitted_at=t0, started_at=t0,
                          parameters={}, status="running", attempt=1, reason="running on n1 GPU 1",
@@ -104,9 +100,10 @@ async def test_idle_rules_and_used_gpu_hours_work_from_prometheus(tmp_path):
                 now[0] += 10
                 sampler.sample()
             await checker.tick()
-            assert "j-000001" in checker.idle
+            assert checker.idle["j-000001"]["state"] == "held"  # its 8Gi still allocated: idle-held
             with sessions() as s:
-                assert "idle: its GPU stayed idle (0 % utilisation) for 1 min" in s.get(D.Workload, 1).reason
+                assert ("idle: its GPU stayed idle (0 % utilisation) while holding GPU memory (idle-held) for 1 min"
+                        in s.get(D.Workload, 1).reason)
     finally:
         exporter.close()
         await loop.backend.close()

@@ -16,23 +16,31 @@ def test_the_state_of_a_reading():
     assert gpu_state(0.0, HELD_MEMORY) == GPU_HELD and gpu_state(0.0, 8 * GiB) == GPU_HELD
 
 
-async def test_an_idle_held_gpu_is_told_apart_by_the_rules_and_the_history(tmp_path):
+def service_parts(tmp_path, nodes, queues, idle_rules):
+    """What the idle check and the sampler need, without a hub: the settings, the database's
+    sessions and the loop (the ledger follows its rows)."""
     from gpupool.backends.local import LocalBackend
     from gpupool.hub_ext import store as D
     from gpupool.hub_ext.config import load as load_config
+    from gpupool.hub_ext.runtime.loop import SchedulerLoop
+
+    settings = load_config({"nodes": nodes, "queues": queues, "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+                            "job_root": str(tmp_path / "jobs"), "work_dir": str(tmp_path), "run_as_user": False,
+                            "idle_rules": idle_rules}, discover=False)
+    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
+    return settings, sessions, SchedulerLoop(settings, sessions, LocalBackend())
+
+
+async def test_an_idle_held_gpu_is_told_apart_by_the_rules_and_the_history(tmp_path):
+    from gpupool.hub_ext import store as D
     from gpupool.hub_ext.domain import usage
     from gpupool.hub_ext.runtime.idle import IdleChecker
-    from gpupool.hub_ext.runtime.loop import SchedulerLoop
     from gpupool.hub_ext.runtime.sampling import Sampler
 
     t0 = 1_800_000_000.0
     now = [t0]
-    settings = load_config({"nodes": [{"name": "box", "gpus": 2}], "queues": QUEUES,
-                            "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
-                            "work_dir": str(tmp_path), "run_as_user": False,
-                            "idle_rules": {"q": {"train": {"after": 60}}}}, discover=False)
-    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
-    loop = SchedulerLoop(settings, sessions, LocalBackend())
+    settings, sessions, loop = service_parts(tmp_path, [{"name": "box", "gpus": 2}], QUEUES,
+                                             {"q": {"train": {"after": 60}}})
     with sessions() as s:
         for gpu in (0, 1):
             s.add(D.Workload(type=D.JOB, kind="train", user="bob", queue="q", gpus=1.0, submitted_at=t0, started_at=t0,
