@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: test hub deps bench clean browser-deps
+.PHONY: test hub deps bench clean browser-deps prometheus-deps
 
 deps: $(VENV)/.installed node_modules/.bin/configurable-http-proxy
 
@@ -25,7 +25,13 @@ browser-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium missing: sudo apt-get install chromium (browser tests will be skipped)"; fi; }
 
-test: deps browser-deps
+# Prometheus for the DCGM (utilisation on Kubernetes) tests: Debian's package, as chromium above.
+prometheus-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "prometheus missing: sudo apt-get install prometheus (the DCGM tests will be skipped)"; fi; }
+
+test: deps browser-deps prometheus-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 hub: deps

@@ -160,8 +160,9 @@ def warning() -> str | None:
 def limit_gpu_memory() -> dict[str, Any]:
     """Apply this job's GPU share to the frameworks already imported; returns what was applied.
 
-    A fractional GPU is a promise, not a hardware partition: call this after importing your
-    framework so it does not take more than the share. PyTorch:
+    The job's start-up hook (:mod:`gpupool.startup.gpupool_caps`) already does this for PyTorch
+    and TensorFlow as they are imported; call it yourself where a process started without the
+    hook (``python -I``, a program that clears ``PYTHONPATH``). PyTorch:
     ``torch.cuda.set_per_process_memory_fraction``; TensorFlow: a logical device with a memory
     limit; JAX reads ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (already set by the service)."""
     applied: dict[str, Any] = {}
@@ -172,7 +173,7 @@ def limit_gpu_memory() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         for dev in range(torch.cuda.device_count()):
-            frac = fraction
+            frac = float(os.environ.get(Env.GPU_MEMORY_FRACTION) or fraction)
             if limit:
                 total = torch.cuda.get_device_properties(dev).total_memory
                 frac = min(1.0, limit / total)

@@ -265,3 +265,39 @@ def history_marker(status: str | None, attempts: int | None) -> str:
 
 
 __all__ += ["PREEMPTED", "REQUEUED", "LOST", "RETRIED", "SUSPENDED", "ATTEMPT_OUTCOMES", "history_marker"]
+
+
+# -- what holds a fractional workload to its GPU memory share (its ``enforcement``) --------------
+# driver: its own cgroup, capped by the NVIDIA driver (an allocation past the cap fails in the job);
+# watch: NVML's per-process readings, checked every cycle against the share (c.GPUPool.memory_enforcement);
+# framework: only its frameworks are told the cap (PyTorch, TensorFlow, JAX; the other tiers are
+# missing there, e.g. on Kubernetes without a GPU-sharing scheduler that enforces it). Whole GPUs: null.
+ENFORCE_DRIVER, ENFORCE_WATCH, ENFORCE_FRAMEWORK = "driver", "watch", "framework"
+ENFORCEMENT_TIERS = (ENFORCE_DRIVER, ENFORCE_WATCH, ENFORCE_FRAMEWORK)
+ENFORCEMENT_WORDS = {
+    ENFORCE_DRIVER: "driver: its own cgroup; the NVIDIA driver refuses GPU memory past its share",
+    ENFORCE_WATCH: "watch: NVML readings checked against its share; its frameworks are told the cap",
+    ENFORCE_FRAMEWORK: "framework: PyTorch, TensorFlow and JAX are told the cap; nothing outside the job enforces it",
+}
+__all__ += ["ENFORCE_DRIVER", "ENFORCE_WATCH", "ENFORCE_FRAMEWORK", "ENFORCEMENT_TIERS", "ENFORCEMENT_WORDS"]
+
+
+# -- the state of a GPU over a window of the utilisation history ----------------------------------
+# busy: it computed; idle: 0 % and (almost) no memory; held: 0 % while holding memory all along
+# (an open notebook keeping a tensor on the GPU): its own state in the history, the dashboard and
+# the idle rules. HELD_MEMORY is more than a CUDA context alone takes (a few hundred MiB).
+GPU_BUSY, GPU_IDLE, GPU_HELD = "busy", "idle", "held"
+GPU_STATES = (GPU_BUSY, GPU_IDLE, GPU_HELD)
+HELD_MEMORY = 2**30
+
+
+def gpu_state(utilization: float | None, memory_used: float | None) -> str | None:
+    """The state of one reading (None: no utilisation reading, unknown)."""
+    if utilization is None:
+        return None
+    if utilization > 0:
+        return GPU_BUSY
+    return GPU_HELD if (memory_used or 0) >= HELD_MEMORY else GPU_IDLE
+
+
+__all__ += ["GPU_BUSY", "GPU_IDLE", "GPU_HELD", "GPU_STATES", "HELD_MEMORY", "gpu_state"]

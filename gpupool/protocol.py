@@ -23,6 +23,7 @@ names.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -47,6 +48,8 @@ class Env:
     GPUS = "GPUPOOL_GPUS"  # the scheduler's GPU indices on that node ("" for none)
     GPU_FRACTION = "GPUPOOL_GPU_FRACTION"  # share of each GPU ("1", "0.5"; "0" without a GPU)
     GPU_MEMORY_LIMIT = "GPUPOOL_GPU_MEMORY_LIMIT"  # bytes of GPU memory a fractional worker may use
+    # that cap as a share of the whole GPU's memory (what PyTorch's per-process fraction takes)
+    GPU_MEMORY_FRACTION = "GPUPOOL_GPU_MEMORY_FRACTION"
 
     SECRETS = (API_TOKEN,)  # values that must not appear in a pod spec (a Secret holds them)
 
@@ -259,15 +262,34 @@ def device_ids(gpus: Sequence[int], uuids: Sequence[str] | None = None) -> list[
     return [str(uuids[g]) if uuids and g < len(uuids) and uuids[g] else str(g) for g in gpus]
 
 
-def memory_limit(fraction: float, gpu_memory: int = 0, requested: int = 0) -> int:
+def usable_memory(total: int, reserve: float = 0.0, reserve_min: int = 0) -> int:
+    """A GPU's memory less what the driver keeps (``reserve`` of it, at least ``reserve_min``
+    bytes: ``c.GPUPool.gpu_memory_reserve`` / ``_min``), as the scheduler sizes shares; 0 unknown."""
+    if total <= 0:
+        return 0
+    kept = max(math.ceil(total * reserve), int(reserve_min)) if (reserve or reserve_min) else 0
+    return max(int(total) - kept, 0)
+
+
+def memory_limit(fraction: float, gpu_memory: int = 0, requested: int = 0, reserve: float = 0.0,
+                 reserve_min: int = 0) -> int:
     """Bytes of GPU memory a fractional placement may use: what was asked for, else its share of
-    the GPU (``gpu_memory``: the GPU's memory; 0 unknown); 0 for whole GPUs or when unknown."""
+    what the driver leaves of the GPU (``gpu_memory``: the GPU's memory, 0 unknown; ``reserve`` /
+    ``reserve_min``: see :func:`usable_memory`); 0 for whole GPUs or when unknown."""
     if fraction >= 1.0:
         return 0
-    return int(requested or (gpu_memory * fraction if gpu_memory else 0))
+    return int(requested or usable_memory(gpu_memory, reserve, reserve_min) * fraction)
 
 
-def gpu_env(placement: Any, *, uuids: Sequence[str] | None = None, memory: int = 0,
+def memory_fraction(fraction: float, memory: int = 0, total: int = 0) -> float:
+    """The cap of a fractional placement as a share of the whole GPU's memory, rounded down to
+    three decimals (what PyTorch's ``set_per_process_memory_fraction`` and JAX's
+    ``XLA_*_MEM_FRACTION`` take): ``memory / total`` when both are known, else ``fraction``."""
+    share = memory / total if memory and total else fraction
+    return math.floor(max(0.0, min(1.0, share)) * 1000) / 1000
+
+
+def gpu_env(placement: Any, *, uuids: Sequence[str] | None = None, memory: int = 0, total: int = 0,
             container: bool = False) -> dict[str, str]:
     """The GPU part of one worker's environment for its placement (``None``: no GPU).
 
@@ -280,10 +302,13 @@ def gpu_env(placement: Any, *, uuids: Sequence[str] | None = None, memory: int =
     * A pod (``container`` True): whole GPUs are the device plugin's to name and isolate; a
       fraction names its GPU in ``NVIDIA_VISIBLE_DEVICES`` (the container runtime mounts only it)
       and sets the MPS limits (enforced only where an MPS daemon serves the node).
-    * A fraction: ``GPUPOOL_GPU_MEMORY_LIMIT`` (``memory`` bytes, see :func:`memory_limit`),
-      ``XLA_PYTHON_CLIENT_MEM_FRACTION`` and ``TF_FORCE_GPU_ALLOW_GROWTH``.
+    * A fraction: its cap, ``memory`` bytes (:func:`memory_limit`), in ``GPUPOOL_GPU_MEMORY_LIMIT``
+      and as a share of the GPU's ``total`` memory (:func:`memory_fraction`) in
+      ``GPUPOOL_GPU_MEMORY_FRACTION``, JAX's ``XLA_CLIENT_MEM_FRACTION`` and the older
+      ``XLA_PYTHON_CLIENT_MEM_FRACTION``; ``TF_FORCE_GPU_ALLOW_GROWTH``. The start-up hook
+      (:mod:`gpupool.startup.gpupool_caps`) hands the cap to PyTorch and TensorFlow.
 
-    None of these is a hard memory limit without MPS (docs/kubernetes.md, docs/nvml.md)."""
+    These caps bind the frameworks, not the driver: docs/admin.md has the tiers of enforcement."""
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     node, gpus, fraction = _parts(placement) if placement is not None else ("", (), 1.0)
     if not gpus:
@@ -296,7 +321,9 @@ def gpu_env(placement: Any, *, uuids: Sequence[str] | None = None, memory: int =
         env.update({CUDA_VISIBLE_DEVICES: ",".join(ids), NVIDIA_VISIBLE_DEVICES: ",".join(ids)})
     if fraction >= 1.0:
         return env
-    env.update({"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.3f}", "TF_FORCE_GPU_ALLOW_GROWTH": "true"})
+    share = f"{memory_fraction(fraction, memory, total):.3f}"
+    env.update({"XLA_PYTHON_CLIENT_MEM_FRACTION": share, "XLA_CLIENT_MEM_FRACTION": share,
+                Env.GPU_MEMORY_FRACTION: share, "TF_FORCE_GPU_ALLOW_GROWTH": "true"})
     if memory:
         env[Env.GPU_MEMORY_LIMIT] = str(int(memory))
     if container:
@@ -305,6 +332,22 @@ def gpu_env(placement: Any, *, uuids: Sequence[str] | None = None, memory: int =
         if memory:
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, int(memory) // 2**20)}M"
     return env
+
+
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+
+
+def with_startup_hook(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with gpupool's start-up hook first on ``PYTHONPATH`` (the runner of every job
+    worker calls it for its program): the directory :data:`STARTUP_DIR` of the gpupool that runs
+    the job, whose ``sitecustomize`` hands a fractional job's cap to PyTorch and TensorFlow in
+    every Python process of the job, the kernel included, and then runs any other
+    ``sitecustomize`` on the path. Standard library only, so a kernel in another environment
+    runs it too."""
+    out = dict(env)
+    parts = [p for p in (out.get("PYTHONPATH") or "").split(os.pathsep) if p and p != STARTUP_DIR]
+    out["PYTHONPATH"] = os.pathsep.join([STARTUP_DIR, *parts])
+    return out
 
 
 def job_env(job: JobDir, job_id: str, attempt: int, *, api_url: str = "", token: str = "") -> dict[str, str]:
@@ -324,4 +367,4 @@ def job_env(job: JobDir, job_id: str, attempt: int, *, api_url: str = "", token:
 __all__ = ["Env", "JobDir", "worker_file", "LATEST", "write_latest", "read_latest", "latest_mtime", "write_stop",
            "stop_requested", "read_stop", "warning_file", "write_warning", "read_warning", "write_exit", "read_exit",
            "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_VISIBILITY", "device_ids", "memory_limit",
-           "gpu_env", "job_env"]
+           "usable_memory", "memory_fraction", "gpu_env", "job_env", "STARTUP_DIR", "with_startup_hook"]

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 from sqlalchemy import select
 from tornado import web
 
+from ..backends import dcgm
 from ..backends import nvml as nvml_mod
 from .config import GPUPoolConfigError, Settings, from_json
 from .domain.access import QueueAccess
@@ -78,6 +79,7 @@ class Service:
         self.nvml = nvml
         # (user, server) -> the hub's last_activity of that server, kept by the workspace reconciler
         self.server_activity: dict[tuple[str, str], str | None] = {}
+        self.dcgm_last: dict[str, dict[int, dict]] = {}  # the latest DCGM readings (Prometheus)
         self.access = QueueAccess(settings)
         self.submissions = Submissions(settings, sessions, self.access, BatchInserter(sessions.kw["bind"]), metrics)
 
@@ -92,10 +94,22 @@ class Service:
         return self.submissions.request_workspace(owner, server, _typed(S.WorkspaceRequest, request))
 
     def gpu_readings(self) -> dict[str, dict[int, dict]]:
-        """Live NVML readings of the nodes discovered through NVML on this machine."""
-        if self.nvml is None:
-            return {}
-        return {node: self.nvml.utilization() for node in self.settings.gpu_uuids}
+        """Live NVML readings of the nodes discovered through NVML on this machine, over the
+        latest DCGM readings from Prometheus (``c.GPUPool.prometheus_url``; the sampler takes them)."""
+        out = dict(self.dcgm_last)
+        if self.nvml is not None:
+            out.update({node: self.nvml.utilization() for node in self.settings.gpu_uuids})
+        return out
+
+    def sample_readings(self) -> dict[str, dict[int, dict]]:
+        """What the sampler stores (in a thread: Prometheus is asked over HTTP)."""
+        if self.settings.pool.prometheus_url:
+            with self.sessions() as s:
+                held = s.execute(select(D.Workload.handle, D.Workload.allocation)
+                                 .where(D.Workload.allocation.is_not(None), D.Workload.handle.is_not(None))).all()
+            self.dcgm_last = dcgm.readings(self.settings.pool.prometheus_url, self.loop.specs.gpu_uuids,
+                                           dcgm.pod_nodes(held))
+        return self.gpu_readings()
 
 
 def _typed(model: type[S.BaseModel], request: Any) -> Any:
@@ -160,9 +174,9 @@ async def serve(settings: Settings) -> int:
                                      pool.workspace_reconcile_seconds, pool.workspace_release_grace,
                                      activity=svc.server_activity)
     reconciler.start()
-    sampler = Sampler(sessions, svc.gpu_readings, pool.usage_sample_seconds, pool.usage_raw_retention,
+    sampler = Sampler(sessions, svc.sample_readings, pool.usage_sample_seconds, pool.usage_raw_retention,
                       pool.usage_rollup_seconds, pool.usage_rollup_retention, metrics=metrics)
-    if nvml is not None and settings.gpu_uuids:
+    if (nvml is not None and settings.gpu_uuids) or pool.prometheus_url:
         sampler.start()
     svc.sampler = sampler
     checker = IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics,

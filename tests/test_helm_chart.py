@@ -144,6 +144,7 @@ def test_rendered_hub_config_runs_and_configures_gpupool(chart, name, tmp_path, 
     assert c.JupyterHub.hub_connect_ip == "lab-gpupool-hub"
     assert c.GPUPool.api_url == "http://lab-gpupool-hub.jhub.svc:10101/services/gpupool/api/v1/"
     assert (c.GPUPool.gpu_memory_reserve, c.GPUPool.gpu_memory_reserve_min) == (0.03, "256Mi")  # the defaults
+    assert c.GPUPool.prometheus_url == ""  # no DCGM readings unless the chart names a Prometheus
     from gpupool.hub_ext.config import check
     assert check(c, discover=False)[0] == []  # the service takes these settings
     svc = next(s for s in c.JupyterHub.services if s["name"] == "gpupool")
@@ -224,6 +225,7 @@ def test_z2jh_values_render_ingress_and_proxy_tls(chart):
     ({"gpupool": {"preemptionGrace": -1}}, "preemptionGrace"),
     ({"gpupool": {"gpuMemoryReserve": 1}}, "gpuMemoryReserve"),
     ({"gpupool": {"gpuMemoryReserveMin": "lots"}}, "gpuMemoryReserveMin"),
+    ({"gpupool": {"prometheusUrl": "prometheus:9090"}}, "prometheusUrl"),
     ({"gpupool": {"inventory": {"discovery": "nvml"}}}, "discovery"),
     ({"gpupool": {"inventory": {"discovery": "declared"}}}, "nodes"),
     ({"proxy": {"service": {"type": "Ingress"}}}, "type"),

@@ -83,11 +83,13 @@ def test_borrow_then_reclaim_checkpoints_requeues_and_resumes(hub):
 
 
 ENV_DUMP = """
-import os, json
+import os, json, sys
 keys = ["CUDA_VISIBLE_DEVICES", "GPUPOOL_GPU_FRACTION", "GPUPOOL_GPU_MEMORY_LIMIT", "XLA_PYTHON_CLIENT_MEM_FRACTION",
         "XLA_PYTHON_CLIENT_PREALLOCATE", "GPUPOOL_CHECKPOINT_DIR", "GPUPOOL_JOB_ID", "GPUPOOL_API_URL",
-        "JUPYTERHUB_API_TOKEN"]
-print("ENV=" + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+        "JUPYTERHUB_API_TOKEN", "XLA_CLIENT_MEM_FRACTION", "GPUPOOL_GPU_MEMORY_FRACTION"]
+env = {k: os.environ.get(k) for k in keys}
+env["hook"] = "gpupool_caps" in sys.modules  # the start-up hook ran in the kernel
+print("ENV=" + json.dumps(env), flush=True)
 print("CWD=" + os.getcwd(), flush=True)
 """
 
@@ -112,7 +114,10 @@ def test_job_environment_gpu_share_cpu_only_and_working_dir(hub):
     job, env, cwd = _env_of(hub, alice, shared)
     # the driver keeps 3 % of each 16Gi GPU (c.GPUPool.gpu_memory_reserve): 4Gi is 0.258 of what is left
     assert env["GPUPOOL_GPU_FRACTION"] == "0.258" and env["GPUPOOL_GPU_MEMORY_LIMIT"] == str(4 * 2**30)
-    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.258" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    # the frameworks are told the cap as a share of the whole GPU: 4Gi of 16Gi (tests/test_gpu_caps.py)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250" == env["XLA_CLIENT_MEM_FRACTION"]
+    assert env["GPUPOOL_GPU_MEMORY_FRACTION"] == "0.250" and env["hook"] is True
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
     assert env["GPUPOOL_JOB_ID"] == job["id"] and env["GPUPOOL_API_URL"].endswith("/services/gpupool/api/v1/")
     assert env["GPUPOOL_CHECKPOINT_DIR"].endswith(f"{job['id']}/checkpoints")

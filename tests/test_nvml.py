@@ -72,10 +72,36 @@ class FakeNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in h.get("procs", [])]
 
+    # per-cgroup memory limits (driver r615+): the driver's version, MIG mode, the call recorded
+    limit_calls: list
 
-def device(i, name="NVIDIA A100-SXM4-80GB", total=80 * GiB, used=0, util=0, procs=()):
+    def nvmlSystemGetDriverVersion(self):
+        self._check()
+        return (self.devices[0].get("driver") if self.devices else None) or "550.54.15"
+
+    def nvmlDeviceGetMigMode(self, h):
+        if h.get("mig") is None:
+            raise FakeNVMLError("Not Supported")
+        return [int(h["mig"]), int(h["mig"])]
+
+    class c_nvmlSetMemoryLimits_v1_t:  # pynvml's ctypes structure: nameSpace, softLimit, hardLimit
+        nameSpace = b""
+        softLimit = 0
+        hardLimit = 0
+
+    def nvmlDeviceSetMemoryLimits_v1(self, h, limits):
+        self._check()
+        if h.get("limits_error"):
+            raise FakeNVMLError(h["limits_error"])
+        call = {"uuid": h["uuid"], "nameSpace": limits.nameSpace.decode(), "softLimit": limits.softLimit,
+                "hardLimit": limits.hardLimit}
+        self.__dict__.setdefault("limit_calls", []).append(call)
+        return call
+
+
+def device(i, name="NVIDIA A100-SXM4-80GB", total=80 * GiB, used=0, util=0, procs=(), **more):
     return {"uuid": f"GPU-{i:08d}-0000", "name": name, "total": total, "used": used, "util": util,
-            "procs": list(procs)}
+            "procs": list(procs), **more}
 
 
 def memory_loop(tmp_path, gpus: int = 1):

@@ -86,6 +86,8 @@ class JobSpec:
     command: list[str] | None = None  # None: papermill runs ``notebook``; else a script/command job's argv
     pods: int = 1  # workers (a gang when > 1): one per entry of ``placements``
     worker_env: list[dict[str, str]] = field(default_factory=list)  # per rank: its pod's GPU variables
+    # per rank: a fractional worker's GPU memory cap ({"gpu": index, "hard": bytes, "soft": bytes}; {} for none)
+    gpu_caps: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def files(self) -> JobDir:

@@ -55,6 +55,12 @@ ANN_QUEUE = f"{GROUP}/queue"
 ANN_PLACEMENT = f"{GROUP}/placement"
 ANN_ATTEMPT = f"{GROUP}/attempt"
 ANN_GPU_IDS = f"{GROUP}/gpu-ids"
+# KAI-Scheduler's GPU-sharing annotations (pkg/common/constants): a fractional pod's share as
+# ``gpu-memory`` (MiB) when its cap is known, else ``gpu-fraction`` (KAI refuses both on one pod),
+# and the container that holds it (``gpu-fraction-container-name``)
+KAI_GPU_FRACTION = "gpu-fraction"
+KAI_GPU_MEMORY = "gpu-memory"
+KAI_CONTAINER = "gpu-fraction-container-name"
 # Optional node annotation: the node's GPU UUIDs in index order, comma-separated
 # (kubectl annotate node N gpupool.io/gpu-uuids=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | paste -sd,))
 NODE_ANN_GPU_UUIDS = f"{GROUP}/gpu-uuids"
@@ -134,6 +140,17 @@ def gpupool_annotations(*, job_id: str, user: str, queue: str, placements: Seque
     return ann
 
 
+def kai_annotations(placement: PodPlacement, memory: int, container: str) -> dict[str, str]:
+    """KAI-Scheduler's per-container annotations of a fractional pod (none for whole GPUs): its
+    memory cap in MiB (``memory`` bytes), else its fraction, and the container that holds it. A
+    KAI or Run:ai installation that enforces GPU memory reads them; gpupool's own placement
+    annotation stays the one it reads back."""
+    if not placement.gpus or placement.fraction >= 1.0:
+        return {}
+    share = {KAI_GPU_MEMORY: str(max(1, int(memory) // 2**20))} if memory else {KAI_GPU_FRACTION: f"{placement.fraction:g}"}
+    return {**share, KAI_CONTAINER: container}
+
+
 def node_affinity(node: str) -> dict[str, Any]:
     """Required node affinity on the node's name (exact, unlike the hostname label, which may
     differ from the node name on some clouds)."""
@@ -166,14 +183,17 @@ def gpu_ids_for(placement: PodPlacement, uuids: Sequence[str] | None) -> list[st
     return P.device_ids(placement.gpus, uuids)
 
 
-def gpu_env(placement: PodPlacement, uuids: Sequence[str] | None = None, gpu_memory: int = 0) -> dict[str, str]:
+def gpu_env(placement: PodPlacement, uuids: Sequence[str] | None = None, gpu_memory: int = 0,
+            memory: int = 0) -> dict[str, str]:
     """The GPU part of a pod's environment for ``placement`` (``gpu_memory``: the memory of one of
     the node's GPUs, 0 unknown): :func:`gpupool.protocol.gpu_env` for a container. Whole GPUs are
     named only by where they are (the device plugin picks and isolates the devices); a fraction
     names its GPU in ``NVIDIA_VISIBLE_DEVICES`` and its share and memory cap in the environment,
     the way Run:ai / KAI share a GPU without MIG; a CPU-only pod gets
-    ``NVIDIA_VISIBLE_DEVICES=void``."""
-    return P.gpu_env(placement, uuids=uuids, memory=P.memory_limit(placement.fraction, gpu_memory), container=True)
+    ``NVIDIA_VISIBLE_DEVICES=void``. ``memory``: the fraction's cap when known (else its share
+    of ``gpu_memory``)."""
+    memory = memory or P.memory_limit(placement.fraction, gpu_memory)
+    return P.gpu_env(placement, uuids=uuids, memory=memory, total=gpu_memory, container=True)
 
 
 def env_list(env: dict[str, str]) -> list[dict[str, str]]:
@@ -349,7 +369,9 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         "HOME": spec.home_mount,
         "PYTHONUNBUFFERED": "1",
     })
-    env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory))
+    # the cap the service computed (a memory request, the driver's reserve) is kept
+    cap = int((spec.env or {}).get(Env.GPU_MEMORY_LIMIT) or 0) if 0 < p.fraction < 1 else 0
+    env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory, memory=cap))
     secret = {k: env.pop(k) for k in SECRET_ENV if k in env}
     env_entries = env_list(env) + [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": job_secret_name(spec.run_id), "key": k}}} for k in secret]
@@ -405,6 +427,7 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
     annotations = gpupool_annotations(job_id=spec.job_id, user=spec.user, queue=spec.queue,
                                       placements=[p], attempt=spec.attempt, gpu_ids=gpu_ids)
     annotations[f"{GROUP}/run-id"] = spec.run_id
+    annotations.update(kai_annotations(p, int(env.get(Env.GPU_MEMORY_LIMIT) or 0), container["name"]))
     annotations.update(spec.extra_annotations)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",

@@ -93,6 +93,31 @@ class LocalBackend(JobBackend):
         self._causes: dict[str, int] = {}  # gang run id -> the rank whose failure stops it
         self._stopping: dict[str, float] = {}  # gang run id -> when its workers were first told to stop
         self._unlisted: dict[str, set[str]] = {}  # node -> GPU UUIDs the last NVML reading did not list
+        self._limits: Any = None  # gpu_limits.CgroupLimits (tier 2), made at the first fractional start
+
+    def limits(self) -> Any:
+        """The driver's per-cgroup GPU memory limits (tier 2), or None where they are off."""
+        if self._limits is None:
+            from . import gpu_limits, nvml
+
+            pool = getattr(self.settings, "pool", None)
+            root = getattr(pool, "gpu_memory_cgroup", "") or ""
+            module = nvml._module(nvml.load_module(getattr(pool, "nvml_module", "") or "")) if root else None
+            self._limits = gpu_limits.CgroupLimits(module, root) if module is not None else False
+        return self._limits or None
+
+    def _cgroup(self, spec: JobSpec, rank: int, run_id: str) -> str | None:
+        """Worker ``rank``'s cgroup with its GPU memory limits set (tier 2), or None (whole GPUs,
+        or the machine does not allow it: the NVML watch and the frameworks' caps hold it)."""
+        cap = spec.gpu_caps[rank] if rank < len(spec.gpu_caps) else {}
+        limits = self.limits() if cap else None
+        if limits is None or not limits.usable(cap["gpu"])[0]:
+            return None
+        try:
+            return limits.prepare(run_id, cap["gpu"], cap["hard"], cap["soft"])
+        except Exception as e:  # OSError, NVMLError: the lower tiers hold it
+            self.log.warning("GPU memory limits of %s not set by the driver: %s", run_id, e)
+            return None
 
     def _env(self, spec: JobSpec, home: str) -> dict[str, str]:
         env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
@@ -169,8 +194,10 @@ class LocalBackend(JobBackend):
         cmd = program_argv(spec.command, python, cmd)
         run_id = worker_run_id(spec.run_id, rank)
         exit_file = spec.files.exit_file(spec.attempt, rank)
+        cgroup = self._cgroup(spec, rank, run_id)
         runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file,
-                  "--log", spec.worker_log(rank), "--run-id", run_id, "--", *cmd]
+                  "--log", spec.worker_log(rank), "--run-id", run_id, *(["--cgroup", cgroup] if cgroup else []),
+                  "--", *cmd]
         env = self._env(spec, home)
         if rank < len(spec.worker_env):
             env.update(spec.worker_env[rank])
@@ -180,7 +207,16 @@ class LocalBackend(JobBackend):
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 close_fds=True, **kwargs)
         self._procs[run_id] = proc
-        return {"pid": proc.pid, "pgid": proc.pid, "run_id": run_id, "exit_file": exit_file, "started": time.time()}
+        handle = {"pid": proc.pid, "pgid": proc.pid, "run_id": run_id, "exit_file": exit_file, "started": time.time()}
+        if cgroup:
+            try:
+                self._limits.enter(cgroup, proc.pid)  # the runner waits for this before it starts the program
+            except OSError as e:
+                _signal_run(run_id, proc.pid, signal.SIGKILL)
+                self._limits.release(cgroup)
+                raise RuntimeError(f"could not move the job into its cgroup {cgroup}: {e}") from None
+            handle.update(cgroup=cgroup, enforcement="driver")
+        return handle
 
     def _state(self, handle: dict) -> RunState:
         if "workers" not in handle:
@@ -215,6 +251,8 @@ class LocalBackend(JobBackend):
             self._procs.pop(run_id, None)
         elif run_alive(handle.get("pid"), run_id):
             return RunState(RUNNING)
+        if handle.get("cgroup") and self._limits:  # its processes are gone: the limits go with the cgroup
+            self._limits.release(handle["cgroup"])
         code = read_exit(handle.get("exit_file", ""))
         if code is not None:
             return RunState(EXITED, code, _describe(code))
@@ -348,11 +386,20 @@ def _runner(argv: list[str]) -> int:
     p.add_argument("--exit-file", required=True)
     p.add_argument("--log", required=True)
     p.add_argument("--run-id", required=True)
+    p.add_argument("--cgroup", default="")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     log = open(args.log, "ab", buffering=0)
-    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if args.cgroup:  # the service moves this runner into the worker's cgroup (tier 2): the program starts inside
+        from .gpu_limits import wait_inside
+
+        if not wait_inside(args.cgroup):
+            log.write(f"gpupool: not in the cgroup {args.cgroup}; the driver does not cap this job's GPU memory\n"
+                      .encode())
+    # the program's Python processes start with gpupool's hook (a fraction's cap handed to PyTorch, TensorFlow)
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=P.with_startup_hook(os.environ))
     stopped: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:

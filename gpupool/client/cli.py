@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
-from ..contract import ACTIVE, ENDED, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED, format_bytes, parse_bytes
+from ..contract import (ACTIVE, ENDED, ENFORCEMENT_WORDS, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED, format_bytes,
+                        parse_bytes)
 from .jobs import Job, attempt_words, build_body, marker, metrics_of, post_job, request_text, status_line
 
 
@@ -212,7 +213,7 @@ def _describe_workspace(c: Client, args) -> int:
                    ("server", w.get("server") or "(default)"), ("queue", w.get("queue")), ("status", w.get("status")),
                    ("reason", w.get("reason")), ("position", w.get("position")), ("gpus", request_text(w)),
                    ("preemptible", w.get("preemptible")), ("allocation", _alloc(w) or None),
-                   ("submitted", w.get("submitted_at")), ("started", w.get("started_at")),
+                   ("memory cap", ENFORCEMENT_WORDS.get(w.get("enforcement"))), ("submitted", w.get("submitted_at")), ("started", w.get("started_at")),
                    ("last activity", f"{w['last_activity']} (idle {idle})" if w.get("last_activity") else None)])
     return 0
 
@@ -233,7 +234,8 @@ def cmd_describe(args) -> int:
               ("command", " ".join(j["command"]) if j.get("command") else None),
               ("workers", j.get("pods") if (j.get("pods") or 1) > 1 else None),
               ("parameters", json.dumps(j.get("parameters") or {})), ("sweep", j.get("sweep")),
-              ("allocation", _alloc(j) or None), ("submitted", j.get("submitted_at")),
+              ("allocation", _alloc(j) or None), ("memory cap", ENFORCEMENT_WORDS.get(j.get("enforcement"))),
+              ("submitted", j.get("submitted_at")),
               ("started", j.get("started_at")), ("finished", j.get("finished_at")),
               ("preemptions", j.get("preemptions")), ("restarts", j.get("restarts")),
               ("exit code", j.get("exit_code") if j.get("status") in ENDED else None),

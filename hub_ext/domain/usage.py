@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from sqlalchemy import or_, select
 
 from ...contract import USAGE_GROUPS as GROUPS
+from ...contract import gpu_state
 from ...contract import USAGE_PERIODS as PERIODS
 from ..store import ledger as L
 from ..store import samples
@@ -229,7 +230,8 @@ def accumulate(s: Any, since: float, until: float, now: float, pieces: Any, user
 def history(s: Any, since: float, until: float, node: str | None = None, gpu: int | None = None,
             workload: str | None = None) -> list[dict]:
     """The stored NVML readings (runtime/sampling.py) per GPU in [since, until): of one GPU, of every
-    GPU, or of the GPUs a workload held while it held them (from the ledger)."""
+    GPU, or of the GPUs a workload held while it held them (from the ledger). Each point has its
+    ``state``: busy, idle, or held (0 % while holding memory; ``contract.gpu_state``)."""
     spans: dict[tuple[str, int], list[tuple[float, float]]] | None = None
     if workload is not None:
         c = L.TABLE.c
@@ -250,7 +252,7 @@ def history(s: Any, since: float, until: float, node: str | None = None, gpu: in
         if spans is not None and not any(t < b and t + secs > a for a, b in spans.get((n, g), ())):
             continue
         series.setdefault((n, g), []).append({"t": _iso(t), "seconds": secs, "utilization": util,
-                                              "memory_used": mem})
+                                              "memory_used": mem, "state": gpu_state(util, mem)})
     return [{"node": n, "gpu": g, "points": pts} for (n, g), pts in sorted(series.items())]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ...contract import StopCause, decode_allocation
+from ...contract import GPU_BUSY, GPU_HELD, GPU_IDLE, StopCause, decode_allocation, gpu_state
 from ...protocol import write_warning
 from ..domain import lifecycle
 from ..domain.idle_rules import REQUEUE, SUSPEND, Rule, clock_words, human, suspend, workload_class
@@ -41,26 +41,33 @@ class IdleChecker(Periodic):
         self.clock = clock
         self.idle: dict[str, dict] = {}  # public id -> {"since", "action", "rule"} (dashboard, metrics)
 
-    def idle_since(self, s: Any, row: Any, now: float, after: float) -> bool:
-        """Whether every window of the last ``after`` seconds had readings of its GPUs, all 0 %."""
+    def idle_since(self, s: Any, row: Any, now: float, after: float) -> str | None:
+        """``idle`` when every window of the last ``after`` seconds had readings of its GPUs, all
+        0 %; ``held`` when besides they held GPU memory (``contract.HELD_MEMORY``) all along (an
+        open notebook keeping a tensor); None otherwise (busy, or a window without a reading)."""
         n = max(1, math.ceil(after / self.window))
         start = now - n * self.window
         gpus = [(p.node, g) for p in decode_allocation(row.allocation) for g in p.gpus]
         if not gpus:
-            return False
+            return None
         c = samples.TABLE.c
         seen = [False] * n
+        held = True
         for node, gpu in gpus:
-            q = select(c.t, c.seconds, c.utilization).where(c.node == node, c.gpu == gpu, c.t < now,
-                                                            c.t + c.seconds > start, c.utilization.is_not(None))
-            for t, secs, util in s.execute(q):
-                if util > 0:
-                    return False
+            q = select(c.t, c.seconds, c.utilization, c.memory_used).where(
+                c.node == node, c.gpu == gpu, c.t < now, c.t + c.seconds > start, c.utilization.is_not(None))
+            for t, secs, util, mem in s.execute(q):
+                state = gpu_state(util, mem)
+                if state == GPU_BUSY:
+                    return None
+                held = held and state == GPU_HELD
                 first = max(0, int((t - start) // self.window))
                 last = min(n - 1, int((t + secs - start - 1e-9) // self.window))
                 for k in range(first, last + 1):
                     seen[k] = True
-        return all(seen)
+        if not all(seen):
+            return None
+        return GPU_HELD if held else GPU_IDLE
 
     async def tick(self) -> list[str]:
         acted: list[str] = []
@@ -82,14 +89,18 @@ class IdleChecker(Periodic):
                     elif limit is not None and ran >= limit.after - self.warning:
                         self.warn(row, limit)
                     rule = self.rules.get((row.queue, workload_class(row)))
-                    if rule is None or ran < rule.after or not self.idle_since(s, row, now, rule.after):
+                    state = None if rule is None or ran < rule.after else self.idle_since(s, row, now, rule.after)
+                    if state is None:
                         continue
                     pid = row.public_id
                     current[pid] = self.idle.get(pid) or {"since": now - rule.after, "action": rule.action,
                                                           "rule": rule.source, "user": row.user, "queue": row.queue,
                                                           "gpus": row.gpus}
+                    current[pid]["state"] = state
                     gpu_words = "GPU" if row.gpus == 1 else "GPUs"
-                    why = f"its {gpu_words} stayed idle (0 % utilisation) for {human(rule.after)} ({rule.source})"
+                    held = " while holding GPU memory (idle-held)" if state == GPU_HELD else ""
+                    why = (f"its {gpu_words} stayed idle (0 % utilisation){held} for {human(rule.after)} "
+                           f"({rule.source})")
                     if await self.act(s, row, rule, now, why):
                         acted.append(pid)
                         current.pop(pid, None)

@@ -17,6 +17,7 @@ from ...backends.base import JobSpec
 from ...contract import decode_allocation, encode_allocation
 from ...protocol import Env, JobDir, gpu_env, job_env, memory_limit
 from ...scheduler.model import PodPlacement
+from ...scheduler.units import parse_bytes
 from ..domain.workdirs import user_workdir
 
 
@@ -56,12 +57,20 @@ class JobSpecs:
 
     def placement_env(self, placement: PodPlacement | None, gpu_memory: int = 0) -> dict[str, str]:
         """``protocol.gpu_env`` of one placement on its node: the GPUs' UUIDs when known, and a
-        fraction's memory cap (``gpu_memory`` asked for, else its share of the node's GPU)."""
+        fraction's memory cap (``gpu_memory`` asked for, else its share of what the driver leaves
+        of the node's GPU)."""
         if placement is None:
             return gpu_env(None)
         node = self.node(placement.node)
-        memory = memory_limit(placement.fraction, (node.gpu_memory or 0) if node else 0, gpu_memory or 0)
-        return gpu_env(placement, uuids=self.gpu_uuids.get(placement.node), memory=memory)
+        total = (node.gpu_memory or 0) if node else 0
+        memory = memory_limit(placement.fraction, total, gpu_memory or 0, *self.reserve)
+        return gpu_env(placement, uuids=self.gpu_uuids.get(placement.node), memory=memory, total=total)
+
+    @property
+    def reserve(self) -> tuple[float, int]:
+        """What the driver keeps of each GPU (``c.GPUPool.gpu_memory_reserve`` / ``_min``)."""
+        return (float(getattr(self.pool, "gpu_memory_reserve", 0.0) or 0.0),
+                parse_bytes(getattr(self.pool, "gpu_memory_reserve_min", 0) or 0))
 
     def job_spec(self, row: Any, token: str = "") -> JobSpec:
         """The run of a job's current attempt (``token``: its job token, when it starts)."""
@@ -81,7 +90,20 @@ class JobSpecs:
                        kernel_name=self.pool.kernel_name, python=self.pool.job_python, run_as=run_as,
                        queue=row.queue or "", kind=row.kind or "", cpu=float(row.cpu or 0), memory=int(row.memory or 0),
                        command=program_command(row), pods=pods,
-                       worker_env=[self.placement_env(p, row.gpu_memory) for p in placements] if pods > 1 else [])
+                       worker_env=[self.placement_env(p, row.gpu_memory) for p in placements] if pods > 1 else [],
+                       gpu_caps=[self.gpu_cap(p, row.gpu_memory) for p in placements])
+
+    def gpu_cap(self, placement: PodPlacement, gpu_memory: int = 0) -> dict[str, int]:
+        """A fractional placement's cap for the driver (tier 2): at most its fraction of what the
+        driver leaves of the GPU (hard), what it asked for guaranteed (soft); {} for whole GPUs,
+        no GPU, or a GPU of unknown size."""
+        node = self.node(placement.node)
+        total = (node.gpu_memory or 0) if node else 0
+        hard = memory_limit(placement.fraction, total, 0, *self.reserve) if placement.gpus else 0
+        if not hard:
+            return {}
+        soft = memory_limit(placement.fraction, total, gpu_memory or 0, *self.reserve)
+        return {"gpu": int(placement.gpus[0]), "hard": hard, "soft": min(soft, hard)}
 
     @staticmethod
     def resumes_from(spec: JobSpec) -> str | None:

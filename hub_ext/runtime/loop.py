@@ -48,6 +48,7 @@ from . import attempts, jobfiles
 from .cycle_worker import Decider, QueueView, WorkerConfig
 from .jobspec import JobSpecs
 from .memory import MemoryEnforcer, fractional
+from .memory import tier as enforcement_tier
 from .nodes import NodeStates, workspace_grace_over
 
 log = logging.getLogger("gpupool.loop")
@@ -408,6 +409,7 @@ class SchedulerLoop:
         allocation = encode_allocation(bind.placements)
         if row.type == D.WORKSPACE:
             lifecycle.bind(row, allocation, bind.reason, now, env=self.gpu_env(allocation, row.gpu_memory))
+            row.enforcement = enforcement_tier(allocation, None, False)  # the NVML watch checks jobs only
             s.commit()
             return
         token, token_hash = tokens.mint()
@@ -437,6 +439,7 @@ class SchedulerLoop:
                 self.metrics.finished.labels(status=D.FAILED).inc()
             return
         s.refresh(row)  # a cancel may have come in while it started
+        row.enforcement = enforcement_tier(allocation, handle, self.memory is not None and self.backend.name == "local")
         if not lifecycle.started(row, handle, bind.reason):
             s.commit()
             await self.backend.request_checkpoint(handle, self.job_spec(row), row.stop_reason or "cancelled")

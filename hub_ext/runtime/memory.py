@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contract import StopCause, decode_allocation, format_bytes
+from ...contract import ENFORCE_DRIVER, ENFORCE_FRAMEWORK, ENFORCE_WATCH, StopCause, decode_allocation, format_bytes
 from ..domain import lifecycle
 from ..store import tables as D
 
 
 def fractional(allocation: list[dict] | None) -> bool:
     return any(p.gpus and p.fraction < 1 for p in decode_allocation(allocation))
+
+
+def tier(allocation: list[dict] | None, handle: Any, watched: bool) -> str | None:
+    """Which tier holds a workload to its GPU memory share (its row's ``enforcement``): the
+    driver when the backend capped every worker's cgroup (tier 2), else the NVML watch of this
+    machine when it covers the run (``watched``: a job of the local backend, NVML working here),
+    else the frameworks' own caps alone (tier 1, always given); None for whole GPUs."""
+    if not fractional(allocation):
+        return None
+    workers = [handle, *handle.get("workers", [])] if isinstance(handle, dict) else []
+    if workers and all(w.get("enforcement") == ENFORCE_DRIVER for w in workers):
+        return ENFORCE_DRIVER
+    return ENFORCE_WATCH if watched else ENFORCE_FRAMEWORK
 
 
 class MemoryEnforcer:

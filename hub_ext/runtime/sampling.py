@@ -1,7 +1,9 @@
 """GPU utilisation history: NVML readings per GPU, stored in the service's database, downsampled.
 
 Every ``c.GPUPool.usage_sample_seconds`` the service reads NVML (``gpupool.backends.nvml
-.utilization``) for the GPUs of the node it discovered through NVML, and stores one row per GPU:
+.utilization``) for the GPUs of the node it discovered through NVML, and on a cluster the DCGM
+exporter's readings through Prometheus (``c.GPUPool.prometheus_url``, ``gpupool.backends.dcgm``),
+and stores one row per GPU:
 mean utilisation (percent) and memory used over the period the row covers (``[t, t + seconds)``).
 Raw rows are kept for ``usage_raw_retention`` seconds, then merged into rows of
 ``usage_rollup_seconds`` (time-weighted means), which are kept for ``usage_rollup_retention``.
@@ -13,6 +15,7 @@ used GPU-hours are its allocation weighted by the utilisation of its GPUs while 
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -48,10 +51,11 @@ class Sampler(Periodic):
     what = "GPU utilisation sampling"
     log = log
 
-    def sample(self) -> int:
-        """Take one reading of every GPU; returns the number of rows written."""
+    def sample(self, readings: dict | None = None) -> int:
+        """Store one reading of every GPU (``readings``, else ``read()`` now); returns the number
+        of rows written."""
         now = self.clock()
-        readings = self.read()
+        readings = self.read() if readings is None else readings
         seconds = self.interval if self._last_t is None else min(max(now - self._last_t, 0.0), 3 * self.interval)
         self._last_t = now
         rows = []
@@ -100,7 +104,7 @@ class Sampler(Periodic):
         return merged, dropped
 
     async def tick(self) -> None:
-        self.sample()
+        self.sample(await asyncio.to_thread(self.read))  # a reading may wait on Prometheus: not on the loop
         if time.monotonic() - self._last_rollup >= min(self.rollup_seconds, 600):
             self.downsample()
             self._last_rollup = time.monotonic()

@@ -4,11 +4,9 @@ is built (openapi.py, ``GET api/v1/openapi.json``).
 Request models check shapes, types and the limits users need (stated once, in
 :mod:`gpupool.contract`); what depends on the pool (queues, node sizes, the scheduler's rules for
 fractions) is checked by the service after them. To add a field to a request, add it to its model:
-the service, the error messages and the OpenAPI document follow.
-
-Every validation error becomes one 400 whose message starts with the field's name
-(``"gpus: must be a number"``) and whose payload names it (``"field": "gpus"``): validation.py.
-"""
+the service, the error messages and the OpenAPI document follow. Every validation error becomes
+one 400 whose message starts with the field's name (``"gpus: must be a number"``) and whose
+payload names it (``"field": "gpus"``): validation.py."""
 from __future__ import annotations
 
 import json
@@ -217,14 +215,12 @@ class LogQuery(RankQuery):
 
 
 class QueuesQuery(Query):
-    user: Optional[Name] = Field(None, description="whose access ``may_submit`` reports (default: the caller's; "
-                                                   "another user's needs the admin scope: the spawner asks for "
-                                                   "the user it starts a server for)")
+    user: Optional[Name] = Field(None, description="whose access ``may_submit`` reports (default: the caller's; another "
+                                                   "user's needs the admin scope: the spawner asks for its user)")
 
 
 class StrictQuery(Query):
-    """Query arguments of a report: an unknown one is a 400 (a misspelt filter would change the
-    numbers silently)."""
+    """Query arguments of a report: an unknown one is a 400 (a misspelt filter changes the numbers)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -308,6 +304,8 @@ class Attempt(Answer):
     resumed_from: Optional[ResumePoint] = None
 
 
+Enforcement = Annotated[Optional[Literal[C.ENFORCEMENT_TIERS]], Field(  # type: ignore[valid-type]
+    description="what holds a fractional GPU to its memory share (docs/admin.md); null for whole GPUs")]
 ReasonCode = Annotated[Literal[C.REASON_CODES], Field(  # type: ignore[valid-type]
     description="why it waits, for programs (reason is the sentence for people); null when not waiting in a queue")]
 
@@ -348,6 +346,7 @@ class Job(Answer):
     pods: int = 1
     workers: list[dict[str, Any]] = []
     history: list[Attempt] = Field([], description="its attempts, oldest first")
+    enforcement: Enforcement = None
 
 
 class JobList(Answer):
@@ -373,6 +372,7 @@ class Workspace(Answer):
     submitted_at: str
     started_at: Optional[str]
     env: Optional[dict[str, str]] = None
+    enforcement: Enforcement = None
 
 
 class WorkspaceList(Answer):
@@ -445,8 +445,7 @@ class Health(Answer):
 
 
 class UsageRow(Answer):
-    """GPU-hours of one group; the group's name is under the grouping's key (``"user": "alice"``,
-    ``"day": "2026-11-02"``; ``"total"`` in the total)."""
+    """GPU-hours of one group, named under the grouping's key (``"user": "alice"``; ``"total"``)."""
 
     allocated_gpu_hours: float = Field(ge=0)
     used_gpu_hours: Optional[float] = Field(description="null: no NVML reading covered the allocation (unknown)")
@@ -469,6 +468,7 @@ class Reading(Answer):
     seconds: float
     utilization: Optional[float]
     memory_used: Optional[int]
+    state: Optional[Literal[C.GPU_STATES]] = Field(None, description="busy, idle, or held: 0 % holding memory")  # type: ignore[valid-type]  # noqa: E501
 
 
 class GpuSeries(Answer):

@@ -47,6 +47,7 @@ c.GPUPool.cycle_timeout = float(pool.get("cycleTimeout", 60))
 c.GPUPool.placement = pool["placement"]
 c.GPUPool.gpu_memory_reserve = float(pool.get("gpuMemoryReserve", 0.03))
 c.GPUPool.gpu_memory_reserve_min = pool.get("gpuMemoryReserveMin", "256Mi")
+c.GPUPool.prometheus_url = pool.get("prometheusUrl", "") or ""
 c.GPUPool.backend = "gpupool.backends.kubernetes.KubeJobBackend"
 # jobs reach the service through the hub Service (port 'gpupool')
 c.GPUPool.api_url = f"http://{names['hub']}.{names['namespace']}.svc:{pool['port']}/services/gpupool/api/v1/"
