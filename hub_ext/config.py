@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union
-from traitlets.config import Config, Configurable
+from traitlets.config import Config
 
 from ..backends import nvml as nvml_mod
 from ..scheduler.model import NodeSpec, QueueSpec
 from ..scheduler.placement import POLICIES
 from ..scheduler.spec import SpecError, parse_nodes, parse_queues
 from .config_checks import knob_errors, over_commit_warnings
+from .config_pools import PoolSettings, pool_errors
 from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
 from .web.scopes import role_errors
 
@@ -39,14 +40,14 @@ class GPUPoolConfigError(ValueError):
     """A bad ``c.GPUPool`` setting; the message names it."""
 
 
-class GPUPool(Configurable):
+class GPUPool(PoolSettings):  # + the knobs of node pools and fairness over time (config_pools.py)
     """The gpupool hub service: queues, nodes and how jobs run."""
 
     queues = List(
         Dict(),
         default_value=[],
         help="""Queues, in the scenario format (name, parent, deserved, limit, over_quota_weight,
-        priority) plus who may use each leaf queue: ``users`` (names) and ``groups`` (JupyterHub
+        priority, pools: a quota per node pool) plus who may use each leaf queue: ``users`` (names) and ``groups`` (JupyterHub
         groups). A queue with neither is open to every user. Example:
         ``[{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"], "groups": ["cv"]}]``.
         Empty: one queue ``default`` open to everyone, deserving all GPUs.
@@ -58,7 +59,7 @@ class GPUPool(Configurable):
         default_value=None,
         allow_none=True,
         help="""Nodes and their GPUs, in the scenario format (name, count, gpus, gpu_memory,
-        gpu_model, cpu, memory, labels), e.g. ``[{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]``.
+        gpu_model, cpu, memory, labels, pool), e.g. ``[{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]``.
         Unset (None): this machine's GPUs (NVML). An empty list: no GPUs (CPU-only jobs still run).""",
     ).tag(config=True)
 
@@ -429,7 +430,7 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
             errors.append(str(e))
     if pool.default_queue and access and pool.default_queue not in access:
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
-    errors += knob_errors(pool)
+    errors += knob_errors(pool) + pool_errors(pool)
     if isinstance(config, Config) and "JupyterHub" in config and "load_roles" in config.JupyterHub:
         errors += role_errors(_roles(config.JupyterHub.load_roles))
     if errors:

@@ -121,7 +121,7 @@ def cmd_submit(args) -> int:
                       queue=args.queue, kind=args.kind, priority=args.priority, name=args.name,
                       checkpoint_on_signal=True if args.checkpoint_on_signal else None,
                       preemptible=False if args.non_preemptible else None, cpu=args.cpu, memory=args.memory,
-                      args=prog_args, pods=args.pods)
+                      args=prog_args, pods=args.pods, pools=args.pools)
     c = _client(args)
     job = post_job(body, args.notebook, c)
     if args.json and not args.wait:
@@ -606,6 +606,9 @@ def _submit_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                                           "CPU-only job (the default)")
     p.add_argument("--gpu-memory", help="GPU memory instead of --gpus, e.g. 8Gi")
     p.add_argument("-q", "--queue", help="queue (default: your first queue)")
+    p.add_argument("--pool", action="append", dest="pools", metavar="NAME",
+                   help="a node pool it may run in (repeatable, most preferred first; default: the hub's "
+                        "preference for its kind)")
     p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="papermill parameter (repeatable)")
     p.add_argument("--kind", choices=JOB_KINDS, help="workload kind (default train)")
     p.add_argument("--priority", type=int, help="priority within the queue")

@@ -120,6 +120,8 @@ def _model(row: Any, queue: str, **state: Any) -> SWorkload:
     """The core's Workload of a row (``state``: phase, placements, start of a workload holding GPUs)."""
     fields = {name: getattr(row, name) for name in MODEL_FIELDS}
     fields["pods"] = int(fields.get("pods") or 1)
+    if "pools" in fields:
+        fields["pools"] = tuple(fields["pools"] or ())  # JSON: a list, or NULL for any pool
     return SWorkload(id=D.public_id(row.type, row.id), queue=queue, submit_time=row.submitted_at, **fields, **state)
 
 

@@ -1,0 +1,259 @@
+"""Node pools and fairness over time in the hub service (docs/admin.md): the settings and their
+checks, a request's ``pools`` (its own, or the preference of its kind), the column that stores
+them (an existing database gains it, nothing lost), the cycle worker handing them to the core,
+the ledger's pool and ``report --by pool``, and the service's usage history (fairness over time).
+
+These tests drive the real loop and submissions in process (no hub); tests/test_hub_pools_real.py
+runs a real hub."""
+from __future__ import annotations
+
+import types
+
+import pytest
+from sqlalchemy import Column, MetaData, Table, create_engine, inspect, text
+
+from gpupool.hub_ext import store as D
+from gpupool.hub_ext.config import check, load
+from gpupool.hub_ext.domain.access import QueueAccess
+from gpupool.hub_ext.domain.errors import APIError
+from gpupool.hub_ext.domain.identity import Identity
+from gpupool.hub_ext.domain.submission import Submissions
+from gpupool.hub_ext.web import schemas as S
+
+NODES = [{"name": "small", "count": 2, "gpus": 2, "gpu_model": "T4", "gpu_memory": "16Gi", "pool": "build"},
+         {"name": "big", "gpus": 4, "gpu_model": "H100", "gpu_memory": "80Gi", "pool": "train"}]
+QUEUES = [{"name": "vision", "users": ["alice"],
+           "pools": {"build": {"deserved": {"gpu": 2}}, "train": {"deserved": {"gpu": 2}, "limit": {"gpu": 4}}}},
+          {"name": "nlp", "users": ["bob"],
+           "pools": {"build": {"deserved": {"gpu": 2}}, "train": {"deserved": {"gpu": 2}}}}]
+PREFERENCE = {"interactive": ["build", "train"], "train": ["train", "build"]}
+
+
+def settings(tmp_path, **extra):
+    return load({"nodes": NODES, "queues": QUEUES, "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+                 "job_root": str(tmp_path / "jobs"), "work_dir": str(tmp_path), "run_as_user": False, **extra})
+
+
+# ---------------------------------------------------------------------------------- settings
+def test_nodes_and_queues_take_pools_with_the_same_parser_and_messages(tmp_path):
+    st = settings(tmp_path)
+    assert {n.name: n.pool for n in st.nodes} == {"small-0": "build", "small-1": "build", "big": "train"}
+    assert st.queues[0].pools["train"].limit == {"gpu": 4.0}
+    errors, _ = check({"nodes": NODES, "queues": [{"name": "q", "pools": {"train": {"deserved": {"gpu": 2},
+                                                                                   "limit": {"gpu": 1}}}}]})
+    assert errors == ["c.GPUPool.queues[0].pools.train.limit.gpu: limit 1 is below deserved 2"]
+    errors, _ = check({"nodes": [{"name": "n", "gpus": 1, "pool": ""}]})
+    assert errors == ["c.GPUPool.nodes[0].pool: must be a non-empty pool name"]
+    errors, _ = check({"nodes": NODES, "queues": [{"name": "q", "pools": {"train": {"weight": 2}}}]})
+    assert errors and errors[0].startswith("c.GPUPool.queues[0].pools.train.weight: unknown field")
+
+
+def test_check_warns_of_over_committed_quotas_per_pool_and_of_pools_without_nodes():
+    queues = [{"name": "a", "pools": {"build": {"deserved": {"gpu": 3}}, "train": {"deserved": {"gpu": 4}}}},
+              {"name": "b", "pools": {"build": {"deserved": {"gpu": 3}}, "trian": {"deserved": {"gpu": 1}}}}]
+    errors, warnings = check({"nodes": NODES, "queues": queues})
+    assert errors == []
+    assert any(w.startswith("c.GPUPool.queues: in node pool build: the top-level queues deserve 6 GPUs but there "
+                            "are 4 (over-committed") for w in warnings), warnings
+    assert not any("node pool train:" in w for w in warnings)  # 4 of 4: exactly committed
+    assert any("node pool 'trian' has no node" in w and "quotas of b" in w for w in warnings), warnings
+    # one pool named default: the warnings read as before pools existed
+    _, warnings = check({"nodes": [{"name": "n", "gpus": 2}], "queues": [{"name": "a", "deserved": {"gpu": 3}}]})
+    assert warnings[0].startswith("c.GPUPool.queues: the top-level queues deserve 3 GPUs but there are 2")
+
+
+@pytest.mark.parametrize("fairness, words", [
+    ({"window": 0}, "c.GPUPool.fairness.window: must be > 0"),
+    ({"window": "an hour"}, "c.GPUPool.fairness.window: 'an hour' is not a duration"),
+    ({"window_type": "rolling"}, "c.GPUPool.fairness.window_type: must be one of sliding, tumbling"),
+    ({"half_life": -5}, "c.GPUPool.fairness.half_life: must be > 0"),
+    ({"k": -1}, "c.GPUPool.fairness.k: must be >= 0"),
+    ({"k": "strong"}, "c.GPUPool.fairness.k: must be a number >= 0"),
+    ({"halflife": 60}, "c.GPUPool.fairness.halflife: unknown field (allowed: window, window_type, half_life, k)"),
+])
+def test_fairness_settings_are_checked_with_the_field_named(fairness, words):
+    errors, _ = check({"nodes": NODES, "queues": QUEUES, "fairness": fairness})
+    assert len(errors) == 1 and errors[0].startswith(words), errors
+
+
+@pytest.mark.parametrize("preference, words", [
+    ({"notebook": ["build"]}, "c.GPUPool.pool_preference.notebook: unknown kind"),
+    ({"train": "train"}, "c.GPUPool.pool_preference.train: must be a list of pool names"),
+    ({"train": ["train", "train"]}, "c.GPUPool.pool_preference.train: lists a pool twice"),
+])
+def test_pool_preference_is_checked(preference, words):
+    errors, _ = check({"nodes": NODES, "queues": QUEUES, "pool_preference": preference})
+    assert len(errors) == 1 and errors[0].startswith(words), errors
+
+
+def test_good_pool_settings_pass():
+    errors, warnings = check({"nodes": NODES, "queues": QUEUES, "pool_preference": PREFERENCE,
+                              "fairness": {"window": "7d", "window_type": "tumbling", "half_life": "1d", "k": 0.5}})
+    assert (errors, warnings) == ([], [])
+
+
+# ---------------------------------------------------------------------------------- requests
+def submissions(st):
+    return Submissions(st, None, QueueAccess(st), None, None)
+
+
+ALICE = Identity(name="alice", groups=[], admin=False)
+
+
+def resources(st, body: dict, kind="train", model=S.JobRequest):
+    request = model.model_validate({"notebook": "x.ipynb", **body} if model is S.JobRequest else body)
+    return submissions(st).resources(request, "vision", kind, "alice")
+
+
+def test_a_request_names_its_pools_or_gets_the_preference_of_its_kind(tmp_path):
+    plain = settings(tmp_path)
+    assert resources(plain, {"gpus": 1}).pools == ()  # no preference: any pool (the core's choice)
+    assert resources(plain, {"gpus": 1, "pools": ["build"]}).pools == ("build",)
+    st = settings(tmp_path, pool_preference=PREFERENCE)
+    assert resources(st, {"gpus": 1}).pools == ("train", "build")
+    assert resources(st, {"gpus": 1}, kind="interactive", model=S.WorkspaceRequest).pools == ("build", "train")
+    assert resources(st, {"gpus": 1}, kind="hpo-trial").pools == ()  # a kind not listed
+    assert resources(st, {"gpus": 1, "pools": ["build"]}).pools == ("build",)  # the request's own wins
+    # a preferred pool without a node big enough is left out: 4 GPUs fit only the train pool
+    assert resources(st, {"gpus": 4}, kind="interactive", model=S.WorkspaceRequest).pools == ("train",)
+    # a preferred pool no node is in is left out
+    st = settings(tmp_path, pool_preference={"train": ["gone", "build"]})
+    assert resources(st, {"gpus": 1}).pools == ("build",)
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"pools": ["gpu-farm"]}, "pools", "pools: no node is in pool 'gpu-farm' (the pools: build, train)"),
+    ({"pools": ["build"], "gpus": 4}, "gpus", "gpus: no node in pools build has 4 GPUs (the largest there has 2)"),
+    ({"pools": ["build", "build"]}, "pools", "pools: lists a pool twice"),
+])
+def test_a_bad_pool_is_a_400_naming_the_field(tmp_path, body, field, words):
+    with pytest.raises(APIError) as e:
+        resources(settings(tmp_path), body)
+    assert (e.value.status, e.value.field, str(e.value.message)) == (400, field, words)
+
+
+def test_the_request_models_validate_pools():
+    from gpupool.hub_ext.web.validation import Invalid, parse
+
+    for bad in ({"pools": "build"}, {"pools": [""]}, {"pools": [3]}, {"pools": ["p"] * 65}):
+        with pytest.raises(Invalid) as e:
+            parse(S.JobRequest, {"notebook": "x.ipynb", **bad})
+        assert e.value.field == "pools" and e.value.message.startswith("pools: "), (bad, e.value.message)
+
+
+# ---------------------------------------------------------------------------------- the store
+def test_an_existing_database_gains_the_pool_columns_and_keeps_its_rows(tmp_path):
+    """A database made before pools: its workloads table lacks ``pools`` and its ledger ``pool``;
+    the next start adds both (NULL: any pool; the default pool), and every row is still there."""
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    old = MetaData()
+    for table, drop in ((D.Workload.__table__, "pools"), (D.Base.metadata.tables["usage"], "pool")):
+        Table(table.name, old, *[Column(c.name, c.type, primary_key=c.primary_key) for c in table.columns
+                                 if c.name != drop])
+    engine = create_engine(url)
+    old.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO workloads (id, type, user, queue, kind, gpus, status, reason, submitted_at, "
+                          "parameters, allocation) VALUES (7, 'job', 'alice', 'vision', 'train', 1, 'running', '', 1, "
+                          "'{}', '[{\"pod\": 0, \"node\": \"n\", \"gpus\": [0], \"fraction\": 1.0}]')"))
+        conn.execute(text("INSERT INTO usage (workload_id, workload, type, user, queue, queue_path, department, kind, "
+                          "node, gpu_indices, fraction, gpus, start) VALUES (7, 'j-000007', 'job', 'alice', 'vision', "
+                          "'vision', 'vision', 'train', 'n', '[0]', 1.0, 1, 1)"))
+    engine.dispose()
+    engine = D.make_engine(url)
+    assert "pools" in {c["name"] for c in inspect(engine).get_columns("workloads")}
+    assert "pool" in {c["name"] for c in inspect(engine).get_columns("usage")}
+    with D.make_sessionmaker(engine)() as s:
+        row = s.get(D.Workload, 7)
+        assert (row.user, row.status, row.pools, row.allocation[0]["node"]) == ("alice", "running", None, "n")
+        assert s.execute(text("SELECT workload, pool FROM usage")).all() == [("j-000007", None)]
+    from gpupool.hub_ext.domain.usage import report
+    with D.make_sessionmaker(engine)() as s:
+        doc = report(s, 0, 3601, "pool", now=3601)
+    assert [(r["pool"], r["allocated_gpu_hours"]) for r in doc["rows"]] == [("default", 1.0)]
+
+
+# ---------------------------------------------------------------------------------- the cycle
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def make_loop(tmp_path, monkeypatch, clock, **extra):
+    import time as real_time
+
+    from gpupool.backends.local import LocalBackend
+    from gpupool.hub_ext.runtime import loop as loop_mod
+    from gpupool.hub_ext.runtime.metrics import Metrics
+
+    monkeypatch.setattr(loop_mod, "time", types.SimpleNamespace(time=clock, perf_counter=real_time.perf_counter))
+    st = settings(tmp_path, cycle_in_process=False, **extra)
+    sessions = D.make_sessionmaker(D.make_engine(st.pool.db_url))
+    loop = loop_mod.SchedulerLoop(st, sessions, LocalBackend(), Metrics(clock=clock))
+    loop.ledger.clock = clock
+    await loop.recover()
+    return st, sessions, loop
+
+
+def add_workspace(sessions, user, queue, gpus, now, pools=None) -> int:
+    with sessions() as s:
+        row = D.Workload(type=D.WORKSPACE, user=user, server="", name=user, queue=queue, kind="interactive",
+                         gpus=float(gpus), preemptible=False, parameters={}, status=D.QUEUED, submitted_at=now,
+                         pools=pools)
+        s.add(row)
+        s.commit()
+        return row.id
+
+
+async def test_the_cycle_places_each_workload_in_its_pools_and_the_ledger_records_the_pool(tmp_path, monkeypatch):
+    clock = Clock(1_000_000.0)
+    st, sessions, loop = await make_loop(tmp_path, monkeypatch, clock)
+    small = add_workspace(sessions, "alice", "vision", 1, clock.t, pools=["build"])
+    big = add_workspace(sessions, "bob", "nlp", 2, clock.t, pools=["train"])
+    anyw = add_workspace(sessions, "alice", "vision", 2, clock.t)  # NULL: any pool
+    result = await loop.cycle()
+    where = {b.workload: {p.node for p in b.placements} for b in result.binds}
+    assert where[D.public_id(D.WORKSPACE, small)] <= {"small-0", "small-1"}
+    assert where[D.public_id(D.WORKSPACE, big)] == {"big"}
+    assert D.public_id(D.WORKSPACE, anyw) in where
+    assert "(node pool build)" in next(b.reason for b in result.binds if b.workload.endswith(str(small)))
+    # a fourth asks for a pool whose quota for its queue is used up and whose GPUs are taken
+    clock.t += 3600
+    with sessions() as s:
+        for wid in (small, big, anyw):
+            s.delete(s.get(D.Workload, wid))
+        s.commit()
+    await loop.cycle()
+    from gpupool.hub_ext.domain.usage import report
+    from gpupool.hub_ext.store.ledger import UsageRecord
+    with sessions() as s:
+        pools = {r.workload_id: r.pool for r in s.query(UsageRecord)}
+        doc = report(s, clock.t - 7200, clock.t, "pool", now=clock.t)
+    assert pools[small] == "build" and pools[big] == "train"
+    by_pool = {r["pool"]: r["allocated_gpu_hours"] for r in doc["rows"]}
+    assert by_pool["build"] + by_pool.get("train", 0) == pytest.approx(5.0)
+    assert by_pool["train"] >= 2.0 and by_pool["build"] >= 1.0
+
+
+# ---------------------------------------------------------------------------------- client and CLI
+def test_submit_and_the_cli_send_pools(monkeypatch):
+    import argparse
+
+    from gpupool.client import cli
+    from gpupool.client.jobs import build_body
+
+    assert build_body(["python", "t.py"], pools=["train", "build"])["pools"] == ["train", "build"]
+    assert build_body(["python", "t.py"], pools="train")["pools"] == ["train"]
+    assert "pools" not in build_body(["python", "t.py"])
+    sent = {}
+    monkeypatch.setattr(cli, "post_job", lambda body, *a: sent.update(body) or (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr(cli, "_client", lambda args: None)
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["submit", "--pool", "train", "--pool", "build", "-g", "1", "--command", "true"])
+    with pytest.raises(SystemExit):
+        args.func(args)
+    assert sent["pools"] == ["train", "build"] and sent["command"] == ["true"]
