@@ -182,7 +182,7 @@ class Clock:
         return self.t
 
 
-async def make_loop(tmp_path, monkeypatch, clock, **extra):
+async def make_loop(tmp_path, monkeypatch, clock, st=None, **extra):
     import time as real_time
 
     from gpupool.backends.local import LocalBackend
@@ -190,7 +190,7 @@ async def make_loop(tmp_path, monkeypatch, clock, **extra):
     from gpupool.hub_ext.runtime.metrics import Metrics
 
     monkeypatch.setattr(loop_mod, "time", types.SimpleNamespace(time=clock, perf_counter=real_time.perf_counter))
-    st = settings(tmp_path, cycle_in_process=False, **extra)
+    st = st or settings(tmp_path, cycle_in_process=False, **extra)
     sessions = D.make_sessionmaker(D.make_engine(st.pool.db_url))
     loop = loop_mod.SchedulerLoop(st, sessions, LocalBackend(), Metrics(clock=clock))
     loop.ledger.clock = clock
@@ -198,9 +198,9 @@ async def make_loop(tmp_path, monkeypatch, clock, **extra):
     return st, sessions, loop
 
 
-def add_workspace(sessions, user, queue, gpus, now, pools=None) -> int:
+def add_workspace(sessions, user, queue, gpus, now, pools=None, kind="interactive") -> int:
     with sessions() as s:
-        row = D.Workload(type=D.WORKSPACE, user=user, server="", name=user, queue=queue, kind="interactive",
+        row = D.Workload(type=D.WORKSPACE, user=user, server="", name=user, queue=queue, kind=kind,
                          gpus=float(gpus), preemptible=False, parameters={}, status=D.QUEUED, submitted_at=now,
                          pools=pools)
         s.add(row)
@@ -257,3 +257,34 @@ def test_submit_and_the_cli_send_pools(monkeypatch):
     with pytest.raises(SystemExit):
         args.func(args)
     assert sent["pools"] == ["train", "build"] and sent["command"] == ["true"]
+
+
+async def test_the_demo_declares_a_build_and_a_train_environment(tmp_path, monkeypatch):
+    """The declared demo: workspaces prefer the small GPUs of pool build, jobs the big ones of pool
+    train; the cycle places them so, and each falls back on the other pool when its own is full."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from gpupool.hub_ext import demo_config
+
+    path = demo_config.write_demo(tmp_path / "demo", demo_config.DemoOptions(port=18950))
+    cfg = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    cfg.GPUPool.cycle_in_process = False
+    st = load(cfg, cwd=str(tmp_path))
+    assert {n.pool: n.gpu_memory for n in st.nodes} == {"build": 24 * 2**30, "train": 80 * 2**30}
+    subs = submissions(st)
+    ws = subs.resources(S.WorkspaceRequest.model_validate({"gpus": 1}), "vision", "interactive", "alice")
+    job = subs.resources(S.JobRequest.model_validate({"notebook": "t.ipynb", "gpus": 1}), "vision", "train", "alice")
+    assert (ws.pools, job.pools) == (("build", "train"), ("train", "build"))
+    clock = Clock(1_000_000.0)
+    _, sessions, loop = await make_loop(tmp_path, monkeypatch, clock, st=st)
+    ids = [add_workspace(sessions, "alice", "vision", 1, clock.t, pools=list(ws.pools)),
+           add_workspace(sessions, "alice", "vision", 1, clock.t, pools=list(job.pools), kind="train")]
+    # four 1-GPU jobs of nlp in the train environment: nlp's share of pool train (its 2 deserved, as
+    # vision's workspace may use pool train too) runs there, the others fall back on pool build
+    ids += [add_workspace(sessions, "bob", "nlp", 1, clock.t + i, pools=list(job.pools), kind="train")
+            for i in range(4)]
+    result = await loop.cycle()
+    node = {b.workload: b.placements[0].node for b in result.binds}
+    assert node[D.public_id(D.WORKSPACE, ids[0])] == "build-node"
+    assert node[D.public_id(D.WORKSPACE, ids[1])] == "train-node"
+    assert sorted(node[D.public_id(D.WORKSPACE, i)] for i in ids[2:]) == ["build-node"] * 2 + ["train-node"] * 2
