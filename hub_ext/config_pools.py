@@ -1,19 +1,17 @@
 """The ``c.GPUPool`` knobs of node pools and fairness over time (``GPUPool`` inherits them), and
-their checks: a default pool preference per kind (build and train environments), the Kubernetes
-node label that names a node's pool, and ``fairness`` (KAI-Scheduler's time-aware fairness: usage
-from the ledger moves the over-quota share). The core's rules are in ``scheduler/pools.py`` and
+their checks: a default pool preference per kind (build and train environments) and ``fairness``
+(KAI-Scheduler's time-aware fairness: usage from the ledger moves the over-quota share). On
+Kubernetes a node's pool is a node label (``c.GPUPoolKubernetes.pool_label``). The core's rules are in ``scheduler/pools.py`` and
 ``scheduler/usage.py``; docs/admin.md says how to use them."""
 from __future__ import annotations
 
 from typing import Any
 
-from traitlets import Dict, Unicode
+from traitlets import Dict
 from traitlets.config import Configurable
 
 from ..scheduler.model import KINDS
 from .domain.pools import fairness_config
-
-POOL_LABEL = "gpupool.io/pool"
 
 
 class PoolSettings(Configurable):
@@ -28,13 +26,6 @@ class PoolSettings(Configurable):
         falling back on the other). A pool no node is in is left out of the preference. A kind not
         listed, or empty (the default): any pool, the scheduler's own choice (the pools where the
         queue has the most deserved quota free). A request's own ``pools`` always wins.""",
-    ).tag(config=True)
-
-    pool_label = Unicode(
-        POOL_LABEL,
-        help="""Kubernetes backend: the node label whose value is the node's pool (``c.GPUPool.nodes``
-        entries say ``pool`` instead). A node without the label is in pool ``default``. Empty: every
-        node in pool ``default``.""",
     ).tag(config=True)
 
     fairness = Dict(
