@@ -8,6 +8,7 @@ runs a real hub."""
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import pytest
 from sqlalchemy import Column, MetaData, Table, create_engine, inspect, text
@@ -198,10 +199,10 @@ async def make_loop(tmp_path, monkeypatch, clock, st=None, **extra):
     return st, sessions, loop
 
 
-def add_workspace(sessions, user, queue, gpus, now, pools=None, kind="interactive") -> int:
+def add_workspace(sessions, user, queue, gpus, now, pools=None, kind="interactive", preemptible=False) -> int:
     with sessions() as s:
         row = D.Workload(type=D.WORKSPACE, user=user, server="", name=user, queue=queue, kind=kind,
-                         gpus=float(gpus), preemptible=False, parameters={}, status=D.QUEUED, submitted_at=now,
+                         gpus=float(gpus), preemptible=preemptible, parameters={}, status=D.QUEUED, submitted_at=now,
                          pools=pools)
         s.add(row)
         s.commit()
@@ -288,3 +289,89 @@ async def test_the_demo_declares_a_build_and_a_train_environment(tmp_path, monke
     assert node[D.public_id(D.WORKSPACE, ids[0])] == "build-node"
     assert node[D.public_id(D.WORKSPACE, ids[1])] == "train-node"
     assert sorted(node[D.public_id(D.WORKSPACE, i)] for i in ids[2:]) == ["build-node"] * 2 + ["train-node"] * 2
+
+
+# ---------------------------------------------------------------------------------- fairness over time
+FAIR_NODES = [{"name": "t", "gpus": 4, "pool": "train"}]
+FAIR_QUEUES = [{"name": "lab", "pools": {"train": {"deserved": {"gpu": 0}}}},
+               {"name": "a", "parent": "lab"}, {"name": "b", "parent": "lab"}]
+
+
+async def fair_loop(tmp_path, monkeypatch, clock, fairness):
+    st = load({"nodes": FAIR_NODES, "queues": FAIR_QUEUES, "db_url": f"sqlite:///{tmp_path / 'fair.sqlite'}",
+               "job_root": str(tmp_path / "jobs"), "work_dir": str(tmp_path), "run_as_user": False,
+               "cycle_in_process": False, "fairness": fairness})
+    return await make_loop(tmp_path, monkeypatch, clock, st=st)
+
+
+def release_all(sessions) -> None:
+    with sessions() as s:
+        for row in s.query(D.Workload):
+            s.delete(row)
+        s.commit()
+
+
+async def play_turns(tmp_path, monkeypatch, fairness) -> tuple[dict, dict, Any]:
+    """Queue a holds the 4 GPUs for an hour; then a and b each want all 4 at once. Returns the GPUs
+    each is given, the usage the loop shows, and the loop."""
+    clock = Clock(1_000_000.0)
+    tmp_path.mkdir()
+    _, sessions, loop = await fair_loop(tmp_path, monkeypatch, clock, fairness)
+    for i in range(4):
+        add_workspace(sessions, "u", "a", 1, clock.t + i, kind="train", preemptible=True)
+    assert len((await loop.cycle()).binds) == 4
+    clock.t += 3600
+    release_all(sessions)
+    await loop.cycle()
+    for i in range(4):
+        for q in ("a", "b"):
+            add_workspace(sessions, "u", q, 1, clock.t + i, kind="train", preemptible=True)
+    result = await loop.cycle()
+    got = {"a": 0, "b": 0}
+    queue_of = {}
+    with sessions() as s:
+        queue_of = {D.public_id(r.type, r.id): r.queue for r in s.query(D.Workload)}
+    for b in result.binds:
+        got[queue_of[b.workload]] += 1
+    return got, loop.state.usage, loop
+
+
+async def test_fairness_over_time_gives_the_idle_queue_more_of_what_is_lent(tmp_path, monkeypatch):
+    got, usage, loop = await play_turns(tmp_path / "off", monkeypatch, {})
+    assert got == {"a": 2, "b": 2} and usage == {}  # off (the default): equal weights, equal shares
+    got, usage, loop = await play_turns(tmp_path / "on", monkeypatch, {"window": "2h", "k": 1})
+    # a held the pool's 4 GPUs for one hour of the two-hour window: half its capacity
+    assert usage["train"]["a"] == pytest.approx(0.5, abs=0.01) and usage["train"]["lab"] == usage["train"]["a"]
+    assert "b" not in usage["train"]
+    assert got["b"] > got["a"] and got["a"] + got["b"] == 4, got
+    assert loop.decider.config.scheduler.fairness_k == 1.0
+    fair = loop.state.pool_fair_share["train"]
+    assert fair["b"]["gpu"] > fair["a"]["gpu"]  # the share moved, not only the binds
+
+
+async def test_usage_is_read_incrementally_and_rebuilt_from_the_ledger_at_a_restart(tmp_path, monkeypatch):
+    from sqlalchemy import event
+
+    clock = Clock(1_000_000.0)
+    fairness = {"window": "2h", "half_life": "30m", "k": 1}
+    st, sessions, loop = await fair_loop(tmp_path, monkeypatch, clock, fairness)
+    statements = []
+    event.listen(sessions.kw["bind"], "before_cursor_execute",
+                 lambda conn, cur, stmt, params, ctx, many: statements.append(stmt))
+    for i in range(3):
+        add_workspace(sessions, "u", "a", 1, clock.t + i, kind="train", preemptible=True)
+    add_workspace(sessions, "u", "b", 1, clock.t, kind="train", preemptible=True)
+    await loop.cycle()
+    for _ in range(6):  # an hour, a cycle every ten minutes
+        clock.t += 600
+        await loop.cycle()
+    reads = [x for x in statements if x.lstrip().upper().startswith("SELECT") and "FROM usage" in x]
+    assert reads and all("usage.id >" in x or "usage.id IN" in x for x in reads), reads
+    running = dict(loop.state.usage["train"])
+    assert running["a"] == pytest.approx(3 * running["b"], rel=1e-6) and running["lab"] == pytest.approx(
+        running["a"] + running["b"])
+    # a restart (a new service on the same database) rebuilds the same usage from the ledger
+    _, _, again = await fair_loop(tmp_path, monkeypatch, clock, fairness)
+    await again.cycle()
+    for q in ("a", "b", "lab"):
+        assert again.state.usage["train"][q] == pytest.approx(running[q], rel=0.03), q

@@ -140,7 +140,9 @@ class CycleWorker:
         self._pending_cache: dict[int, SWorkload] = {}
         self._said: dict[str, tuple[Pending, str]] = {}  # last reason per queued workload, as words
 
-    def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+    def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation],
+               usage: dict | None = None) -> Decision:
+        """``usage``: past usage for fairness over time (``Snapshot.usage``; runtime/fairness.py)."""
         t0 = time.perf_counter()
         warnings: list[str] = []
         with self.sessions() as s:
@@ -150,6 +152,7 @@ class CycleWorker:
                                                              D.Workload.allocation.is_(None))
                                .order_by(D.Workload.id)).all()
             snap, by_id, views = self.snapshot(holding, queued, now, nodes, reservations, warnings)
+            snap.usage = usage or {}
             t1 = time.perf_counter()
             with paused_gc():  # see gpupool/gcpause.py
                 result = self.scheduler.schedule(snap)
@@ -259,9 +262,9 @@ def _orphan_watch(parent: int) -> None:
     os._exit(0)
 
 
-def _decide(now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+def _decide(now: float, nodes: list[NodeSpec], reservations: list[Reservation], usage: dict | None = None) -> Decision:
     assert _worker is not None
-    return _worker.decide(now, nodes, reservations)
+    return _worker.decide(now, nodes, reservations, usage)
 
 
 def _ready() -> int:
@@ -314,7 +317,8 @@ class Decider:
                 p.kill()
                 p.join()
 
-    async def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+    async def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation],
+                     usage: dict | None = None) -> Decision:
         loop = asyncio.get_running_loop()
         lost = 0.0
         if self.in_process:
@@ -322,7 +326,7 @@ class Decider:
             pool = self._pool
             assert pool is not None
             try:  # submit raises too when the worker died while idle
-                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations)),
+                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations, usage)),
                                                   self.timeout)
             except concurrent.futures.process.BrokenProcessPool as e:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -338,7 +342,7 @@ class Decider:
             else:
                 self.deaths = 0
                 return decision
-        decision = await loop.run_in_executor(None, self.local.decide, now, nodes, reservations)
+        decision = await loop.run_in_executor(None, self.local.decide, now, nodes, reservations, usage)
         decision.lost_seconds = lost
         return decision
 
