@@ -205,12 +205,23 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
     except ValueError:
         current_gpus = "0"
     rows = [{"name": str(q.get("name", "")), "deserved": float((q.get("deserved") or {}).get("gpu", 0)),
-             "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0)}
-            for q in queues]
+             "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0),
+             "pools": pool_rows(q)} for q in queues]
     return render(_HERE, "gpu_form.html", note=note, gpu_options=gpu_options, current_gpus=current_gpus,
                   gpu_memory_value=str(d.get("gpu_memory") or ""), gpu_memory=gpu_memory, gpu_model=gpu_model,
                   queues=rows, current_queue=d.get("queue") or (rows[0]["name"] if rows else ""),
                   preemptible=d.get("preemptible") in (True, "on", "true"))
+
+
+def pool_rows(queue: dict) -> list[dict]:
+    """The node pools a queue (an entry of ``GET queues``) may use, with each pool's free GPUs and
+    waiting workloads and the queue's deserved GPUs there; [] when the pool has one pool, ``default``."""
+    pools = queue.get("pools") or {}
+    if list(pools) in ([], ["default"]):
+        return []
+    return [{"name": name, "free": float(p.get("free") or 0), "queued": int(p.get("queued") or 0),
+             "deserved": float((p.get("deserved") or {}).get("gpu", 0))}
+            for name, p in pools.items() if p.get("may_use", True)]
 
 
 def render_unavailable() -> str:

@@ -375,3 +375,58 @@ async def test_usage_is_read_incrementally_and_rebuilt_from_the_ledger_at_a_rest
     await again.cycle()
     for q in ("a", "b", "lab"):
         assert again.state.usage["train"][q] == pytest.approx(running[q], rel=0.03), q
+
+
+# ---------------------------------------------------------------------------------- showing pools
+async def test_pools_queues_dashboard_cli_widgets_form_and_metrics_show_pools_and_usage(tmp_path, monkeypatch, capsys):
+    """After a cycle with two pools and fairness over time on: GET pools and GET queues (the same
+    code as the handlers), the dashboard's data, `gpupool queues`, the queue widget, the spawn
+    form and the Prometheus metrics all show each pool and each queue's share and usage there."""
+    from gpupool.client import cli
+    from gpupool.hub_ext.web.dashboard import dashboard_data
+    from gpupool.hub_ext.web.pools import pools_of, queue_entry
+    from gpupool.spawner.form import render_form
+    from gpupool.widgets.render import queues_html
+
+    got, usage, loop = await play_turns(tmp_path / "on", monkeypatch, {"window": "2h", "k": 1})
+    # one more pool, empty, and a queued workload that may use any pool
+    svc = types.SimpleNamespace(loop=loop, settings=loop.settings, sessions=loop.sessions, idle=None)
+    pools = pools_of(svc)
+    assert pools["fairness"] == {"window": "2h", "k": 1}
+    (train,) = pools["pools"]
+    assert (train["name"], train["gpus"], train["nodes"]) == ("train", 4.0, 1)
+    assert (train["allocated"], train["free"], train["running"], train["queued"]) == (4.0, 0.0, 4, 4)
+    queues = []
+    for spec in loop.settings.queues:
+        entry = queue_entry(svc, spec, pools)
+        queues.append({"name": spec.name, "parent": spec.parent, "deserved": spec.deserved, "limit": spec.limit,
+                       "over_quota_weight": spec.over_quota_weight, "fair_share": loop.state.fair_share[spec.name],
+                       "allocated": loop.state.allocated.get(spec.name, {}), "may_submit": True, **entry})
+    by = {q["name"]: q for q in queues}
+    assert by["a"]["usage"] == pytest.approx(0.5, abs=0.01) and by["b"]["usage"] == 0.0
+    assert by["b"]["pools"]["train"]["fair_share"]["gpu"] > by["a"]["pools"]["train"]["fair_share"]["gpu"]
+    assert by["a"]["pools"]["train"]["may_use"] and by["a"]["pools"]["train"]["usage"] == pytest.approx(0.5, abs=0.01)
+    S.QueueList.model_validate({"queues": [{**q, "priority": 0, "running": 0, "pending": 0, "users": [], "groups": []}
+                                           for q in queues]})
+    S.PoolList.model_validate(pools)
+    # the dashboard
+    data = dashboard_data(svc, "admin", True, loop.state.last_cycle_at)
+    assert data["fairness"] and [p["name"] for p in data["pools"]] == ["train"]
+    assert {q["name"]: q["weight"] for q in data["queues"]}["b"] == 1.0
+    # gpupool queues
+    monkeypatch.setattr(cli, "_client", lambda args: types.SimpleNamespace(queues=lambda: queues))
+    assert cli.cmd_queues(types.SimpleNamespace(json=False)) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header[header.index("WEIGHT") + 1] == "USAGE"
+    assert "by node pool:" in out and any(line.split()[:2] == ["a", "train"] and "50%" in line
+                                         for line in out.splitlines())
+    # the queue widget and the spawn form
+    html = queues_html(queues)
+    assert 'data-usage="0.500"' in html and 'data-pool="train"' in html
+    form = render_form(queues=[by["b"]])
+    assert "Node pools of b:" in form and "train: 0 GPUs free" in form
+    # Prometheus: a pool label
+    text = loop.metrics.render().decode()
+    assert 'gpupool_pool_gpus{pool="train",what="total"} 4.0' in text
+    assert 'gpupool_pool_queue_gpus{pool="train",queue="a",what="usage"} 0.5' in text

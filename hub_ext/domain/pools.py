@@ -76,3 +76,62 @@ def fairness_config(value: dict) -> FairnessConfig | None:
         raise ValueError(f"c.GPUPool.fairness.{field}: {rest}") from None
 
 
+
+
+def pool_counts(snap: Any, binds: Any = ()) -> dict[str, dict[str, float]]:
+    """What each pool holds and waits for once a cycle's ``binds`` are made, from its ``Snapshot``:
+    ``running`` (workloads holding GPUs there), ``allocated`` (their GPUs) and ``queued`` (waiting
+    workloads that may run there: those naming it, and those naming no pool)."""
+    pools = node_pools(snap.nodes)
+    node_pool = {n.name: n.pool for n in snap.nodes}
+    out = {p: {"running": 0, "allocated": 0.0, "queued": 0} for p in pools}
+    bound = {b.workload: b.placements for b in binds}
+    for w in snap.workloads:
+        placements = w.placements or bound.get(w.id)
+        if placements:
+            p = node_pool.get(placements[0].node)
+            if p in out:
+                out[p]["running"] += 1
+                out[p]["allocated"] += sum(len(pl.gpus) * pl.fraction for pl in placements)
+        else:
+            for p in (w.pools or pools):
+                if p in out:
+                    out[p]["queued"] += 1
+    return out
+
+
+def pool_view(nodes: Any, counts: dict, fairness: Any) -> dict:
+    """``GET pools``: each pool's nodes and GPUs (in service), what it holds and what waits for it."""
+    out = []
+    for p in node_pools(nodes):
+        mine = [n for n in nodes if n.pool == p]
+        gpus = float(sum(n.gpus for n in mine if n.schedulable))
+        c = counts.get(p, {})
+        allocated = round(float(c.get("allocated", 0.0)), 6)
+        out.append({"name": p, "nodes": len(mine), "gpus": gpus, "allocated": allocated,
+                    "free": max(0.0, round(gpus - allocated, 6)), "running": int(c.get("running", 0)),
+                    "queued": int(c.get("queued", 0)), "gpu_models": sorted({n.gpu_model for n in mine} - {""})})
+    return {"pools": out, "fairness": fairness or None}
+
+
+def queue_pools(spec: Any, state: Any, pools: list[dict]) -> tuple[dict, float | None]:
+    """A queue's entry per pool for ``GET queues`` (its quota there, fair share, allocation, past
+    usage, whether it may use the pool, the pool's free GPUs and waiting workloads) and its usage
+    over every pool (None: fairness over time is off)."""
+    out = {}
+    weighted = capacity = 0.0
+    on = bool(state.usage) or bool(getattr(state, "fairness_on", False))
+    single = len(pools) == 1 and pools[0]["name"] == DEFAULT_POOL
+    for pool in pools:
+        p = pool["name"]
+        q = spec.in_pool(p)
+        fair = (state.fair_share if single else state.pool_fair_share.get(p, {})).get(spec.name, {})
+        alloc = (state.allocated if single else state.pool_allocated.get(p, {})).get(spec.name, {})
+        usage = state.usage.get(p, {}).get(spec.name, 0.0) if on else None
+        if usage is not None:
+            weighted += usage * pool["gpus"]
+            capacity += pool["gpus"]
+        out[p] = {"deserved": q.deserved, "limit": q.limit, "over_quota_weight": q.over_quota_weight,
+                  "fair_share": fair, "allocated": alloc, "usage": usage, "may_use": q.limit.get("gpu") != 0,
+                  "free": pool["free"], "queued": pool["queued"]}
+    return out, ((weighted / capacity if capacity else 0.0) if on else None)

@@ -42,6 +42,7 @@ from ...scheduler.model import (CycleResult, NodeSpec, Phase, QueueSpec, Reserva
                                 Snapshot, Workload as SWorkload)
 from ...scheduler.reasons import Code, Pending
 from ..domain import lifecycle
+from ..domain.pools import pool_counts
 from ..store import tables as D
 from ..store.engine import make_engine, make_sessionmaker
 
@@ -114,6 +115,7 @@ class Decision:
     pid: int = 0  # the process that decided
     done_at: float = 0.0  # when it was decided (time.time())
     lost_seconds: float = 0.0  # waited for a worker process that hung (then killed): no work of the service
+    pools: dict[str, dict[str, float]] = field(default_factory=dict)  # domain/pools.py pool_counts
 
 
 def _model(row: Any, queue: str, **state: Any) -> SWorkload:
@@ -172,6 +174,7 @@ class CycleWorker:
         if not isinstance(result.pending, PendingView):
             result.pending = PendingView(result.pending)
         return Decision(result=result, queues=views, held=held, warnings=warnings, decide_ms=decide_ms,
+                        pools=pool_counts(snap, result.binds),
                         read_ms=(t1 - t0) * 1000, explain_ms=explain_ms, reasons=reasons,
                         seconds=time.perf_counter() - t0, pid=os.getpid(), done_at=time.time())
 
@@ -326,7 +329,8 @@ class Decider:
             pool = self._pool
             assert pool is not None
             try:  # submit raises too when the worker died while idle
-                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations, usage)),
+                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations,
+                                                                                   usage)),
                                                   self.timeout)
             except concurrent.futures.process.BrokenProcessPool as e:
                 pool.shutdown(wait=False, cancel_futures=True)

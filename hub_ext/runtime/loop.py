@@ -73,6 +73,8 @@ class LoopState:
     pool_fair_share: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     pool_allocated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    fairness_on: bool = False
+    pools: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> running, allocated, queued
     queues: dict[str, QueueView] = field(default_factory=dict)
     memory_warnings: dict[int, str] = field(default_factory=dict)
     cycles: int = 0
@@ -109,6 +111,7 @@ class SchedulerLoop:
         # worker process (c.GPUPool.cycle_in_process) or a thread, never on the event loop
         fairness = fairness_config(self.pool.fairness)  # c.GPUPool.fairness (None: off)
         self.fairness = UsageTracker(sessions, fairness)  # past usage from the ledger (runtime/fairness.py)
+        self.state.fairness_on = fairness is not None
         core = SchedulerConfig(min_runtime=self.pool.min_runtime, preemption_grace=self.pool.preemption_grace,
                                placement=self.pool.placement, gpu_memory_reserve=self.pool.gpu_memory_reserve,
                                gpu_memory_reserve_min=parse_bytes(self.pool.gpu_memory_reserve_min),
@@ -307,6 +310,7 @@ class SchedulerLoop:
         st.pending, st.positions = result.pending, result.positions
         st.fair_share, st.allocated = result.fair_share, result.allocated
         st.pool_fair_share, st.pool_allocated, st.usage = result.pool_fair_share, result.pool_allocated, usage
+        st.pools = decision.pools
         # the gap before the next cycle follows the service's own work, not a hung worker's wait
         self._last_cycle_seconds = time.perf_counter() - t0 - decision.lost_seconds
         st.cycles += 1

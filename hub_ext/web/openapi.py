@@ -22,6 +22,7 @@ from .base import BaseHandler
 from .cluster import HealthHandler, MetricsHandler, QueuesHandler
 from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
 from .nodes import NodeActionHandler, NodesHandler
+from .pools import PoolsHandler
 from .scopes import ADMIN_SCOPE, PUBLIC, need_of, needs_scope
 from .suspensions import ResumeHandler, SuspensionsHandler
 from .usage import UsageHandler, UsageHistoryHandler
@@ -81,6 +82,7 @@ OPERATIONS = (
     Op("get", "/queues", "Queues with quota, fair share, allocation and whether you may submit", QueuesHandler,
        S.QueueList,
        query=S.QueuesQuery, errors=(400, 401, 403)),
+    Op("get", "/pools", "Node pools: their GPUs, what they hold and what waits for them", PoolsHandler, S.PoolList),
     Op("get", "/nodes", "Nodes and their GPUs with allocations, live readings and whether each is in service",
        NodesHandler, S.NodeList),
     *(Op("post", f"/nodes/{{name}}/{action}", summary, NodeActionHandler, S.NodeAction, body=S.NodeActionRequest,

@@ -47,6 +47,9 @@ class QueuePool(Answer):
     allocated: dict[str, float]
     usage: Optional[float] = Field(None, description="fairness over time: its GPU usage over the window as a "
                                                      "share of the pool's capacity (null: fairness is off)")
+    may_use: bool = Field(description="whether it may hold GPUs there (false: a limit of 0)")
+    free: float = Field(description="the pool's GPUs not held")
+    queued: int = Field(description="workloads waiting that may run in the pool")
 
 
 class QueuePools(BaseModel):

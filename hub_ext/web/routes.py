@@ -6,6 +6,7 @@ from .cluster import HealthHandler, MetricsHandler, NotFoundHandler, QueuesHandl
 from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
 from .nodes import NodeActionHandler, NodesHandler
 from .openapi import OpenAPIHandler
+from .pools import PoolsHandler
 from .suspensions import ResumeHandler, SuspensionsHandler
 from .usage import UsageHandler, UsageHistoryHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
@@ -23,6 +24,7 @@ def api_routes(prefix: str) -> list[tuple]:
         (rf"{api}/openapi.json", OpenAPIHandler),
         (rf"{api}/metrics/?", MetricsHandler),
         (rf"{api}/queues/?", QueuesHandler),
+        (rf"{api}/pools/?", PoolsHandler),
         (rf"{api}/nodes/?", NodesHandler),
         (rf"{api}/nodes/([^/]+)/([^/]+)/?", NodeActionHandler),
         (rf"{api}/jobs/?", JobsHandler),
