@@ -430,3 +430,22 @@ async def test_pools_queues_dashboard_cli_widgets_form_and_metrics_show_pools_an
     text = loop.metrics.render().decode()
     assert 'gpupool_pool_gpus{pool="train",what="total"} 4.0' in text
     assert 'gpupool_pool_queue_gpus{pool="train",queue="a",what="usage"} 0.5' in text
+
+
+def test_the_admin_guide_pool_and_fairness_examples_pass_the_check():
+    """docs/admin.md's node pool and fairness examples, as written, are settings the hub takes."""
+    import re
+    from pathlib import Path
+
+    from traitlets.config import Config
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "admin.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text[text.index("## 7. Node pools"):text.index("## Sizes")], re.S)
+    assert len(blocks) == 2
+    c = Config()
+    for block in blocks:
+        exec(block, {"c": c})
+    errors, warnings = check(c)
+    assert (errors, warnings) == ([], [])
+    st = load(c, cwd="/tmp")
+    assert {n.pool for n in st.nodes} == {"build", "train"} and st.pool.fairness["window"] == "7d"
