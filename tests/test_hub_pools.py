@@ -424,6 +424,8 @@ async def test_pools_queues_dashboard_cli_widgets_form_and_metrics_show_pools_an
     # the queue widget and the spawn form
     html = queues_html(queues)
     assert 'data-usage="0.500"' in html and 'data-pool="train"' in html
+    from gpupool.widgets.render import job_html
+    assert "train, build" in job_html({"id": "j-000001", "status": "queued", "pools": ["train", "build"]})
     form = render_form(queues=[by["b"]])
     assert "Node pools of b:" in form and "train: 0 GPUs free" in form
     # Prometheus: a pool label

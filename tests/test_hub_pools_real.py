@@ -5,6 +5,7 @@ pools / queues show the pools; and ``gpupool report --by pool`` shows the split 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -46,6 +47,8 @@ def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_po
         assert res.returncode == 0, res.stderr
         j3 = json.loads(res.stdout)
         assert (j1["pools"], j2["pools"], j3["pools"]) == (["train", "build"], ["build"], ["train"])
+        res = run("describe", j1["id"], env=env)
+        assert res.returncode == 0 and re.search(r"^pools:\s+train, build$", res.stdout, re.M), res.stdout
         # a pool no node is in: 400 naming the field
         bad = hub.api("POST", "jobs", alice, json={"command": SLEEP, "gpus": 1, "pools": ["gpu-farm"]})
         assert bad.status_code == 400 and bad.json()["field"] == "pools", bad.text

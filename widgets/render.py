@@ -205,7 +205,7 @@ def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, 
         program = " ".join(map(str, j["command"]))
     facts = [("queue", j.get("queue")), ("kind", j.get("kind")),
              ("asks", C.format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods"))), ("runs", program),
-             ("workers", _workers_text(j)),
+             ("workers", _workers_text(j)), ("pools", ", ".join(j.get("pools") or []) or None),
              ("position", j.get("position") if j.get("status") == C.QUEUED else None),
              ("on", C.describe_allocation(j.get("allocation"))), ("parameters", j.get("parameters") or None),
              ("sweep", j.get("sweep")), ("preemptions", j.get("preemptions") or None),

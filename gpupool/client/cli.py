@@ -232,6 +232,7 @@ def cmd_describe(args) -> int:
               ("script", " ".join([j["script"], *(j.get("args") or [])]) if j.get("script") else None),
               ("command", " ".join(j["command"]) if j.get("command") else None),
               ("workers", j.get("pods") if (j.get("pods") or 1) > 1 else None),
+              ("pools", ", ".join(j["pools"]) if j.get("pools") else None),  # node pools, most preferred first
               ("parameters", json.dumps(j.get("parameters") or {})), ("sweep", j.get("sweep")),
               ("allocation", _alloc(j) or None), ("submitted", j.get("submitted_at")),
               ("started", j.get("started_at")), ("finished", j.get("finished_at")),
