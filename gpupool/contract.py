@@ -55,7 +55,7 @@ def reason_code(pending: object) -> str | None:
 
 # -- usage reports (``GET usage?by=``, ``gpupool report --by``) ------------------------------
 USAGE_PERIODS = ("day", "week", "month")  # calendar periods, in UTC
-USAGE_GROUPS = ("user", "queue", "department", "model", "node", "kind", *USAGE_PERIODS)
+USAGE_GROUPS = ("user", "queue", "department", "model", "node", "kind", "pool", *USAGE_PERIODS)
 DEFAULT_USAGE_GROUP = "user"
 
 # -- ids -------------------------------------------------------------------------------------

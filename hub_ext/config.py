@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union
-from traitlets.config import Config, Configurable
+from traitlets.config import Config
 
 from ..backends import nvml as nvml_mod
 from ..scheduler.model import NodeSpec, QueueSpec
 from ..scheduler.placement import POLICIES
 from ..scheduler.spec import SpecError, parse_nodes, parse_queues
 from .config_checks import knob_errors, over_commit_warnings
+from .config_gpus import GpuTruthSettings
+from .config_pools import PoolSettings, pool_errors
 from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
 from .domain.policies import merge_time_rules, resolve as resolve_policies
 from .web.scopes import role_errors
@@ -40,16 +42,18 @@ class GPUPoolConfigError(ValueError):
     """A bad ``c.GPUPool`` setting; the message names it."""
 
 
-class GPUPool(Configurable):
+class GPUPool(PoolSettings, GpuTruthSettings):  # + the knobs of node pools and fairness over time
+    # (config_pools.py) and of GPU enforcement and utilisation on a cluster (config_gpus.py)
     """The gpupool hub service: queues, nodes and how jobs run."""
 
     queues = List(
         Dict(),
         default_value=[],
         help="""Queues, in the scenario format (name, parent, deserved, limit, over_quota_weight,
-        priority) plus who may use each leaf queue: ``users`` (names) and ``groups`` (JupyterHub
-        groups). A queue with neither is open to every user. ``policy`` (any queue or department):
-        defaults and limits per kind, which a child may only tighten (docs/admin.md). Example:
+        priority, pools: a quota per node pool) plus who may use each leaf queue: ``users`` (names)
+        and ``groups`` (JupyterHub groups). A queue with neither is open to every user. ``policy``
+        (any queue or department): defaults and limits per kind, which a child may only tighten
+        (docs/admin.md). Example:
         ``[{"name": "vision", "deserved": {"gpu": 2}, "users": ["alice"], "groups": ["cv"]}]``.
         Empty: one queue ``default`` open to everyone, deserving all GPUs.
         Changes apply when the hub restarts; queued and running jobs are kept.""",
@@ -60,7 +64,7 @@ class GPUPool(Configurable):
         default_value=None,
         allow_none=True,
         help="""Nodes and their GPUs, in the scenario format (name, count, gpus, gpu_memory,
-        gpu_model, cpu, memory, labels), e.g. ``[{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]``.
+        gpu_model, cpu, memory, labels, pool), e.g. ``[{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}]``.
         Unset (None): this machine's GPUs (NVML). An empty list: no GPUs (CPU-only jobs still run).""",
     ).tag(config=True)
 
@@ -188,24 +192,6 @@ class GPUPool(Configurable):
         help="""What to do when NVML shows a fractional-GPU job using more GPU memory than its
         share: ``report`` (say so in the job's reason) or ``stop`` (stop it; it fails with that
         reason). Dormant without NVML.""",
-    ).tag(config=True)
-
-    gpu_memory_cgroup = Unicode(
-        "/sys/fs/cgroup/gpupool",
-        help="""The parent cgroup of fractional jobs' cgroups (local backend): where the service
-        runs as root, on cgroup v2, with NVIDIA driver r615 or later and a GPU not in MIG mode,
-        each fractional worker runs in a cgroup of its own whose GPU memory the driver caps
-        (``nvmlDeviceSetMemoryLimits_v1``: hard limit its fraction, soft limit its request). Where
-        any of that is missing, the NVML watch (``memory_enforcement``) and the frameworks' own
-        caps hold it. "" turns the driver's limits off (docs/admin.md).""",
-    ).tag(config=True)
-
-    prometheus_url = Unicode(
-        "",
-        help="""The Prometheus that scrapes NVIDIA's DCGM exporter (e.g.
-        ``http://prometheus-operated.monitoring:9090``): the GPUs' utilisation and memory on a
-        cluster, where NVML sees only the service's machine. They feed the utilisation history,
-        the idle rules and the used GPU-hours. "" reads NVML alone (docs/admin.md).""",
     ).tag(config=True)
 
     workspace_preemptible_default = Bool(
@@ -452,7 +438,7 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
     errors += policy_errors
     if pool.default_queue and access and pool.default_queue not in access:
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
-    errors += knob_errors(pool)
+    errors += knob_errors(pool) + pool_errors(pool)
     if isinstance(config, Config) and "JupyterHub" in config and "load_roles" in config.JupyterHub:
         errors += role_errors(_roles(config.JupyterHub.load_roles))
     if errors:

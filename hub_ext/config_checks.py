@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..scheduler.model import NodeSpec, QueueSpec
+from ..scheduler.model import DEFAULT_POOL, NodeSpec, QueueSpec
 from ..scheduler.spec import over_committed
 from ..scheduler.units import parse_bytes
 
@@ -16,11 +16,26 @@ _GPU_WORD = re.compile(r"\bgpu\b")  # the core says "8 gpu"; people read "8 GPUs
 
 def over_commit_warnings(queues: list[QueueSpec], nodes: list[NodeSpec] | None) -> list[str]:
     """Warnings, never errors: where deserved quotas add up to more than there is (the core's
-    ``over_committed``): the top-level queues against the pool's GPUs (when the nodes are known),
-    and every department whose children deserve more than it does."""
-    capacity = float(sum(n.gpus for n in nodes)) if nodes is not None else None
-    return [f"c.GPUPool.queues: {_GPU_WORD.sub('GPUs', where)} ({OVER_COMMITTED})"
-            for where in over_committed(queues, capacity)]
+    ``over_committed``), in each node pool: the top-level queues against the pool's GPUs (when the
+    nodes are known), and every department whose children deserve more than it does; and a queue
+    with a quota in a pool that no node is in (a misspelt pool, or nodes still to come)."""
+    named = {p for q in queues for p in q.pools}
+    pools = sorted(named | {n.pool for n in nodes or ()} | {DEFAULT_POOL})
+    have = {n.pool for n in nodes or ()}
+    out = []
+    for pool in pools:
+        if nodes is not None and pool not in have:
+            users = [q.name for q in queues if q.in_pool(pool).deserved.get("gpu", 0) > 0 or
+                     (pool in q.pools and pool != DEFAULT_POOL)]
+            if users:
+                out.append(f"c.GPUPool.queues: node pool {pool!r} has no node (c.GPUPool.nodes: a node's pool), so "
+                           f"the quotas of {', '.join(users)} in it give nothing until it has")
+            continue
+        capacity = float(sum(n.gpus for n in nodes if n.pool == pool)) if nodes is not None else None
+        where = "" if pools == [DEFAULT_POOL] else f"in node pool {pool}: "
+        out += [f"c.GPUPool.queues: {where}{_GPU_WORD.sub('GPUs', what)} ({OVER_COMMITTED})"
+                for what in over_committed(queues, capacity, pool=pool)]
+    return out
 
 
 def knob_errors(pool: Any) -> list[str]:

@@ -219,7 +219,7 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
     gpu_options += [(float(n), str(n), format_gpus(n)) for n in range(1, max_gpus + 1)]
     rows = [{"name": str(q.get("name", "")), "deserved": float((q.get("deserved") or {}).get("gpu", 0)),
              "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0),
-             **queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus)}
+             **queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus), "pools": pool_rows(q)}
             for q in queues]
     current_queue = d.get("queue") if any(r["name"] == d.get("queue") for r in rows) else (rows[0]["name"] if rows
                                                                                           else "")
@@ -240,6 +240,17 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
                   gpu_memory_value=gpu_memory_value, gpu_memory=gpu_memory, gpu_model=gpu_model,
                   queues=rows, current_queue=current_queue, max_allowed=policy["max_gpus"],
                   preemptible=preemptible in (True, "on", "true"))
+
+
+def pool_rows(queue: dict) -> list[dict]:
+    """The node pools a queue (an entry of ``GET queues``) may use, with each pool's free GPUs and
+    waiting workloads and the queue's deserved GPUs there; [] when the pool has one pool, ``default``."""
+    pools = queue.get("pools") or {}
+    if list(pools) in ([], ["default"]):
+        return []
+    return [{"name": name, "free": float(p.get("free") or 0), "queued": int(p.get("queued") or 0),
+             "deserved": float((p.get("deserved") or {}).get("gpu", 0))}
+            for name, p in pools.items() if p.get("may_use", True)]
 
 
 def render_unavailable() -> str:

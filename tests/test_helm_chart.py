@@ -4,6 +4,7 @@ enforced, lint clean, and the rendered jupyterhub_config.py executed to check it
 hub, the gpupool service and the Kubernetes backend as the values say."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import helm_python as helm
@@ -218,6 +219,31 @@ def test_z2jh_values_render_ingress_and_proxy_tls(chart):
     assert not any("ssl" in a for a in proxy["spec"]["template"]["spec"]["containers"][0]["command"])
 
 
+def test_pools_and_fairness_reach_the_service(chart, tmp_path, monkeypatch):
+    """The declared-inventory values: nodes in two pools, quotas per pool, the pool preference and
+    fairness over time reach c.GPUPool as the service takes them; the pool label reaches the
+    Kubernetes settings (its default, gpupool.io/pool)."""
+    docs = render(chart, values("declared-inventory"))
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "lab-gpupool-hub")
+    for key, text in cm["data"].items():
+        (tmp_path / key).write_text(text)
+    for key, value in (("GPUPOOL_CHART_CONFIG_DIR", str(tmp_path)), ("POD_IP", "10.1.2.3"),
+                       ("CONFIGPROXY_AUTH_TOKEN", "t"), ("JPY_COOKIE_SECRET", "ab" * 32), ("GPUPOOL_API_TOKEN", "t"),
+                       ("GPUPOOL_KUBE_CONFIG", str(tmp_path / "kube.json"))):
+        monkeypatch.setenv(key, value)
+    c = PyFileConfigLoader(str(tmp_path / "jupyterhub_config.py")).load_config()
+    from gpupool.hub_ext.config import load
+    st = load(c, cwd=str(tmp_path), discover=False)
+    assert {n.pool for n in st.nodes} == {"build", "train"}
+    assert next(q for q in st.queues if q.name == "nlp").pools["train"].over_quota_weight == 2
+    assert st.pool.pool_preference == {"interactive": ["build", "train"], "train": ["train", "build"]}
+    assert st.pool.fairness == {"window": "7d", "half_life": "1d", "k": 1}
+    assert load_settings().pool_label == "gpupool.io/pool"
+    docs = render(chart, {**values("default"), "gpupool": {"inventory": {"poolLabel": "site/pool"}}})
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "lab-gpupool-hub")
+    assert json.loads(cm["data"]["kube.json"])["GPUPoolKubernetes"]["pool_label"] == "site/pool"
+
+
 @pytest.mark.parametrize("bad, words", [
     ({"gpupool": {"queues": [{"name": "vision", "deserved": {"gpu": "lots"}}]}}, "gpu"),
     ({"gpupool": {"queues": [{"deserved": {"gpu": 1}}]}}, "name"),
@@ -239,6 +265,12 @@ def test_z2jh_values_render_ingress_and_proxy_tls(chart):
     ({"hub": {"extraConfig": {"00-x": 5}}}, "extraConfig"),
     ({"gpupool": {"queues": [{"name": "q", "policy": {"gpu-hog": {}}}]}}, "gpu-hog"),
     ({"gpupool": {"queues": [{"name": "q", "policy": {"train": {"limits": {"gpu": 2}}}}]}}, "gpu"),
+    ({"gpupool": {"fairness": {"window_type": "rolling"}}}, "window_type"),
+    ({"gpupool": {"fairness": {"halflife": 60}}}, "halflife"),
+    ({"gpupool": {"fairness": {"k": -1}}}, "k"),
+    ({"gpupool": {"poolPreference": {"notebook": ["build"]}}}, "notebook"),
+    ({"gpupool": {"queues": [{"name": "q", "pools": {"build": {"weight": 2}}}]}}, "weight"),
+    ({"gpupool": {"inventory": {"discovery": "declared", "nodes": [{"name": "n", "pool": ""}]}}}, "pool"),
 ])
 def test_bad_values_fail_at_install(chart, bad, words):
     with pytest.raises(helm.HelmError) as e:

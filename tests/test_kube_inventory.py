@@ -107,6 +107,33 @@ async def test_foreign_pods_are_subtracted_and_watched(kube):
         await api.close()
 
 
+async def test_a_nodes_pool_is_its_pool_label_and_follows_a_relabel(kube):
+    """The node label ``c.GPUPoolKubernetes.pool_label`` (``gpupool.io/pool``) names a node's pool;
+    without it the node is in pool ``default``; a relabel reaches the inventory through the watch,
+    and the scheduler keeps a workload to its pools."""
+    kube.add_node("t4-0", 2, product="Tesla-T4", labels={"gpupool.io/pool": "build"})
+    kube.add_node("h100-0", 4, product="NVIDIA-H100-80GB-HBM3", labels={"gpupool.io/pool": "train"})
+    kube.add_node("plain", 2)
+    inv, api = await _inventory(kube)
+    try:
+        assert {n.name: n.pool for n in inv.nodes()} == {"t4-0": "build", "h100-0": "train", "plain": "default"}
+        kube.patch_node("plain", {"metadata": {"labels": {"gpupool.io/pool": "build"}}})
+        await _until(lambda: {n.name: n.pool for n in inv.nodes()}["plain"] == "build", inv=inv)
+        sched = Scheduler(SchedulerConfig())
+        work = [Workload(id=f"w{i}", queue="q", gpus=1, pools=("build",)) for i in range(6)]
+        res = sched.schedule(Snapshot(now=0, nodes=inv.nodes(), queues=[QueueSpec("q", deserved={"gpu": 8})],
+                                      workloads=work))
+        assert {p.node for b in res.binds for p in b.placements} == {"t4-0", "plain"} and len(res.binds) == 4
+    finally:
+        await inv.stop()
+        await api.close()
+    # another label, or none (every node in pool default)
+    nodes = [{"metadata": {"name": "n", "labels": {"gpupool.io/pool": "build", "site/pool": "a"}},
+              "status": {"allocatable": {"nvidia.com/gpu": "1"}, "conditions": [{"type": "Ready", "status": "True"}]}}]
+    assert build_inventory(nodes, [], GPUPoolKubernetes(pool_label="site/pool")).nodes[0].pool == "a"
+    assert build_inventory(nodes, [], GPUPoolKubernetes(pool_label="")).nodes[0].pool == "default"
+
+
 async def test_watch_continues_after_server_timeout(kube):
     """The watch ends after timeoutSeconds (as the API server ends it); the inventory continues
     from the last resourceVersion and sees later changes without listing again."""

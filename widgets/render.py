@@ -85,8 +85,21 @@ def queue_rows(queues: Sequence[Mapping], jobs: Sequence[Mapping] = (), user: st
             "may_submit": bool(q.get("may_submit")),
             "my_running": sum(1 for j in mine if j.get("status") in C.HOLDING),
             "my_queued": sum(1 for j in mine if j.get("status") == C.QUEUED),
+            "weight": q.get("over_quota_weight"), "usage": q.get("usage"),  # usage: fairness over time
+            "pools": pool_cells(q),
         })
     return out
+
+
+def pool_cells(q: Mapping) -> list[dict]:
+    """A queue's node pools (``GET queues``' ``pools``) as the queue view shows them: allocated /
+    deserved and fair share per pool; [] with one pool named ``default``."""
+    pools = q.get("pools") or {}
+    if list(pools) in ([], ["default"]):
+        return []
+    return [{"name": name, "allocated": gpu_amount(p.get("allocated")), "deserved": gpu_amount(p.get("deserved")),
+             "fair_share": gpu_amount(p.get("fair_share")), "usage": p.get("usage")}
+            for name, p in pools.items() if p.get("may_use", True)]
 
 
 def queues_html(queues: Sequence[Mapping], jobs: Sequence[Mapping] = (), user: str | None = None,
@@ -192,7 +205,7 @@ def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, 
         program = " ".join(map(str, j["command"]))
     facts = [("queue", j.get("queue")), ("kind", j.get("kind")),
              ("asks", C.format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods"))), ("runs", program),
-             ("workers", _workers_text(j)),
+             ("workers", _workers_text(j)), ("pools", ", ".join(j.get("pools") or []) or None),
              ("position", j.get("position") if j.get("status") == C.QUEUED else None),
              ("on", C.describe_allocation(j.get("allocation"))), ("parameters", j.get("parameters") or None),
              ("sweep", j.get("sweep")), ("preemptions", j.get("preemptions") or None),

@@ -10,6 +10,8 @@ Inventory (:class:`KubeInventory`): nodes and GPUs from the API, kept current by
   when an admin sets it (fractions then pin the exact device);
 * topology: the zone and rack labels (``c.GPUPoolKubernetes.zone_label`` / ``rack_label``) are
   copied to the node's labels as ``zone`` and ``rack`` (the scheduler's gang topology key);
+* node pool: the value of the node label ``c.GPUPoolKubernetes.pool_label`` (``gpupool.io/pool``),
+  pool ``default`` without it;
 * cordoned (``spec.unschedulable``) and NotReady nodes are kept with ``schedulable=False`` (what
   already runs there stays accounted for; nothing new goes there);
 * GPUs (and CPU/memory requests) of pods that gpupool does not manage (no
@@ -44,7 +46,7 @@ from traitlets.config import Config, LoggingConfigurable
 
 from .. import protocol as P
 from ..contract import TRAIN, decode_allocation
-from ..scheduler.model import NodeSpec, PodPlacement
+from ..scheduler.model import DEFAULT_POOL, NodeSpec, PodPlacement
 from ..scheduler.units import parse_bytes, parse_cpu
 from . import kube_manifests as km
 from .base import EXITED, LOST, RUNNING, JobBackend, JobSpec, RunState, gang_state, worker_run_id
@@ -68,11 +70,14 @@ class GPUPoolKubernetes(LoggingConfigurable):
     discovery = Unicode("kubernetes", help="""Where the node inventory comes from: ``kubernetes``
         (nodes and GPUs from the API, watched) or ``declared`` (``c.GPUPool.nodes``).""").tag(config=True)
     node_selector = Unicode("", help="""Label selector limiting the nodes gpupool schedules on,
-        e.g. ``gpupool.io/pool=research`` (default: every node).""").tag(config=True)
+        e.g. ``nvidia.com/gpu.present=true`` (default: every node).""").tag(config=True)
     gpu_nodes_only = Bool(True, help="Leave out nodes without ``nvidia.com/gpu``.").tag(config=True)
     zone_label = Unicode("topology.kubernetes.io/zone", help="Node label copied to the inventory as ``zone``.").tag(config=True)
     rack_label = Unicode("topology.gpupool.io/rack", help="""Node label copied to the inventory as
         ``rack`` (the scheduler's default topology key for gangs).""").tag(config=True)
+    pool_label = Unicode("gpupool.io/pool", help="""Node label whose value is the node's pool (each pool
+        divided by its own quotas: a queue's ``pools`` in c.GPUPool.queues). A node without it (or
+        with an empty value) is in pool ``default``; empty: every node in pool ``default``.""").tag(config=True)
     count_foreign_pods = Bool(True, help="""Subtract GPUs (and CPU/memory) held by pods gpupool does not
         manage. Needs cluster-wide read access to pods; False: only nodes are read.""").tag(config=True)
     track_cpu_memory = Bool(True, help="""Track CPU and memory too: allocatable minus the requests of
@@ -409,7 +414,8 @@ def build_inventory(nodes: list[dict], pods: list[dict], settings: GPUPoolKubern
         mem_mib = _int(labels.get("nvidia.com/gpu.memory"))
         out.nodes.append(NodeSpec(name=name, gpus=gpus, gpu_memory=mem_mib * 2**20,
                                   gpu_model=labels.get("nvidia.com/gpu.product", ""), cpu=cpu, memory=memory,
-                                  labels=labels, schedulable=not why))
+                                  labels=labels, schedulable=not why,
+                                  pool=(labels.get(s.pool_label) if s.pool_label else "") or DEFAULT_POOL))
         if why:
             out.why_unschedulable[name] = why
         res = {}

@@ -205,6 +205,10 @@ class Client:
     def nodes(self) -> list[dict]:
         return self.get("nodes")["nodes"]
 
+    def pools(self) -> dict:
+        """``GET pools``: ``{"pools": [...], "fairness": {...} or None}``."""
+        return self.get("pools")
+
     def node_action(self, name: str, action: str, reason: str | None = None) -> dict:
         """``drain``, ``fail`` or ``return`` a node (admin): the node afterwards, with ``workloads``,
         the ones this stopped or asked to stop."""

@@ -122,7 +122,7 @@ def cmd_submit(args) -> int:
                       queue=args.queue, kind=args.kind, priority=args.priority, name=args.name,
                       checkpoint_on_signal=True if args.checkpoint_on_signal else None,
                       preemptible=False if args.non_preemptible else None, cpu=args.cpu, memory=args.memory,
-                      args=prog_args, pods=args.pods)
+                      args=prog_args, pods=args.pods, pools=args.pools)
     c = _client(args)
     job = post_job(body, args.notebook, c)
     if args.json and not args.wait:
@@ -233,6 +233,7 @@ def cmd_describe(args) -> int:
               ("script", " ".join([j["script"], *(j.get("args") or [])]) if j.get("script") else None),
               ("command", " ".join(j["command"]) if j.get("command") else None),
               ("workers", j.get("pods") if (j.get("pods") or 1) > 1 else None),
+              ("pools", ", ".join(j["pools"]) if j.get("pools") else None),  # node pools, most preferred first
               ("parameters", json.dumps(j.get("parameters") or {})), ("sweep", j.get("sweep")),
               ("allocation", _alloc(j) or None), ("memory cap", ENFORCEMENT_WORDS.get(j.get("enforcement"))),
               ("submitted", j.get("submitted_at")),
@@ -352,13 +353,31 @@ def cmd_queues(args) -> int:
     if args.json:
         _print_json(qs)
         return 0
+    fairness = any(q.get("usage") is not None for q in qs)  # fairness over time: usage next to the weight
+    pooled = any(list(q.get("pools") or {}) not in ([], ["default"]) for q in qs)
     rows = [(("  " if q.get("parent") else "") + str(q.get("name")), q.get("parent") or "-", _gpu(q.get("deserved")),
              _gpu(q.get("fair_share")), _gpu(q.get("allocated")), _gpu(q.get("limit")) if q.get("limit") else "-",
-             q.get("over_quota_weight", "-"), q.get("priority", "-"), q.get("running", 0), q.get("pending", 0),
-             "yes" if q.get("may_submit") else "no") for q in qs]
-    print(table(["QUEUE", "PARENT", "DESERVED", "FAIR-SHARE", "ALLOCATED", "LIMIT", "WEIGHT", "PRIORITY", "RUNNING",
-                 "PENDING", "YOU-MAY-SUBMIT"], rows) if rows else "no queues configured")
+             q.get("over_quota_weight", "-"), *((_pct(q.get("usage")),) if fairness else ()), q.get("priority", "-"),
+             q.get("running", 0), q.get("pending", 0), "yes" if q.get("may_submit") else "no") for q in qs]
+    print(table(["QUEUE", "PARENT", "DESERVED", "FAIR-SHARE", "ALLOCATED", "LIMIT", "WEIGHT",
+                 *(("USAGE",) if fairness else ()), "PRIORITY", "RUNNING", "PENDING", "YOU-MAY-SUBMIT"], rows)
+          if rows else "no queues configured")
+    if pooled:  # each queue in each node pool: its quota there, share, allocation (and usage)
+        rows = [(str(q.get("name")), name, _gpu(p.get("deserved")), _gpu(p.get("fair_share")),
+                 _gpu(p.get("allocated")), _gpu(p.get("limit")) if p.get("limit") else "-",
+                 p.get("over_quota_weight", "-"), *((_pct(p.get("usage")),) if fairness else ()),
+                 _num(p.get("free")), p.get("queued", 0)) for q in qs for name, p in (q.get("pools") or {}).items()]
+        print("\nby node pool:")
+        print(table(["QUEUE", "POOL", "DESERVED", "FAIR-SHARE", "ALLOCATED", "LIMIT", "WEIGHT",
+                     *(("USAGE",) if fairness else ()), "POOL-FREE", "POOL-QUEUED"], rows))
+    if fairness:
+        print("\nUSAGE: past GPU usage over the fairness window, as a share of the capacity; the over-quota share "
+              "(FAIR-SHARE beyond DESERVED) goes by WEIGHT adjusted for it (c.GPUPool.fairness)")
     return 0
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * float(x):.0f}%"
 
 
 def cmd_nodes(args) -> int:
@@ -608,6 +627,9 @@ def _submit_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                                           "CPU-only job (the default)")
     p.add_argument("--gpu-memory", help="GPU memory instead of --gpus, e.g. 8Gi")
     p.add_argument("-q", "--queue", help="queue (default: your first queue)")
+    p.add_argument("--pool", action="append", dest="pools", metavar="NAME",
+                   help="a node pool it may run in (repeatable, most preferred first; default: the hub's "
+                        "preference for its kind)")
     p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="papermill parameter (repeatable)")
     p.add_argument("--kind", choices=JOB_KINDS, help="workload kind (default train)")
     p.add_argument("--priority", type=int, help="priority within the queue")

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from ..contract import ENDED, PREEMPTED, CANCELLED, Placement, format_request, history_marker
 from .api import BadRequest, Client, GPUPoolError, get_client
@@ -340,7 +340,8 @@ def build_body(notebook=None, *, gpus: float | None = None, gpu_memory: str | in
                kind: str | None = None, priority: int | None = None, preemptible: bool | None = None,
                checkpoint_on_signal: bool | None = None, name: str | None = None,
                cpu: float | None = None, memory: str | int | None = None, sweep: str | None = None,
-               notebook_content: Mapping | None = None, args=None, pods: int | None = None) -> dict:
+               notebook_content: Mapping | None = None, args=None, pods: int | None = None,
+               pools: Sequence[str] | str | None = None) -> dict:
     program = _program_ref(notebook, args)
     if program is None and (notebook is None) == (notebook_content is None):
         raise GPUPoolError("give exactly one of notebook (a path) or notebook_content (a notebook dict), "
@@ -355,6 +356,8 @@ def build_body(notebook=None, *, gpus: float | None = None, gpu_memory: str | in
         name = Path(os.fspath(notebook)).stem  # the service would call inline content "notebook"
     if pods is not None:
         body["pods"] = pods
+    if pools is not None:
+        body["pools"] = [pools] if isinstance(pools, str) else list(pools)
     if parameters is not None:
         if not isinstance(parameters, Mapping):
             raise GPUPoolError("parameters: must be a dict of papermill parameters", field="parameters")
@@ -374,7 +377,7 @@ def submit(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | 
            checkpoint_on_signal: bool | None = None, name: str | None = None, cpu: float | None = None,
            memory: str | int | None = None, sweep: str | None = None,
            notebook_content: Mapping | None = None, args=None, pods: int | None = None,
-           client: Client | None = None) -> Job:
+           pools: Sequence[str] | str | None = None, client: Client | None = None) -> Job:
     """Run a notebook (papermill, with ``parameters``), a Python script (``"train.py"``, with
     ``args=[...]``) or a command (``["python", "-m", "mypkg.train", "--lr", "3e-4"]``) as a job in
     the pool and return its :class:`Job`.
@@ -382,7 +385,8 @@ def submit(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | 
     ``gpus`` is whole GPUs or a fraction below 1 (``0.5``); ``gpu_memory`` (``"8Gi"``) asks for a
     slice by memory instead; ``gpus=0`` (or neither) is a CPU-only job. ``pods=N`` runs N workers,
     each with that many GPUs, started together with the torch.distributed environment
-    (``gpupool.distributed``). ``queue`` defaults to your first queue; ``kind`` is ``train``,
+    (``gpupool.distributed``). ``pools`` names the node pools it may run in, most preferred first
+    (default: the hub's preference for its kind). ``queue`` defaults to your first queue; ``kind`` is ``train``,
     ``hpo-trial`` or ``inference``. A notebook that is a file on this machine is read and its
     content sent (``job.local_notebook`` names it); any other relative notebook path names a
     notebook in your working directory on the hub. A script path is relative to your home (a local
@@ -391,7 +395,7 @@ def submit(notebook=None, *, gpus: float | None = None, gpu_memory: str | int | 
     body = build_body(notebook, gpus=gpus, gpu_memory=gpu_memory, parameters=parameters, queue=queue,
                       kind=kind, priority=priority, preemptible=preemptible,
                       checkpoint_on_signal=checkpoint_on_signal, name=name, cpu=cpu, memory=memory,
-                      sweep=sweep, notebook_content=notebook_content, args=args, pods=pods)
+                      sweep=sweep, notebook_content=notebook_content, args=args, pods=pods, pools=pools)
     return post_job(body, notebook, client)
 
 

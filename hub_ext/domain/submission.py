@@ -31,6 +31,7 @@ from .errors import APIError
 from .gpus import check_gpus
 from .identity import Identity
 from .idle_rules import on_workspace_request
+from .pools import request_pools
 from .programs import check_pods, in_workdir, program
 from .workdirs import user_workdir
 
@@ -102,6 +103,7 @@ class Submissions:
             w = parse_workload(entry, "request", self.access.queue_map)
         except SpecError as e:
             raise spec_error(e) from None
+        w.pools = request_pools(w.pools, self.settings.pool, kind, self.settings.nodes, w.gpus)  # domain/pools.py
         if w.gpus > 0 and self.max_gpus == 0:
             raise APIError(400, "gpus: the pool has no GPUs (ask for gpus: 0 or none)", "gpus")
         if w.gpus > self.max_gpus:
@@ -199,8 +201,8 @@ class Submissions:
                                                           D.Workload.server == server,
                                                           D.Workload.status.in_(D.ACTIVE))).first()
             if existing is not None:
-                same = (existing.queue, existing.gpus, existing.gpu_memory, existing.preemptible) == \
-                       (queue, w.gpus, w.gpu_memory, w.preemptible)
+                same = (existing.queue, existing.gpus, existing.gpu_memory, existing.preemptible,
+                        tuple(existing.pools or ())) == (queue, w.gpus, w.gpu_memory, w.preemptible, w.pools)
                 if same:
                     return existing, False
                 s.delete(existing)  # a different request replaces the old one

@@ -8,7 +8,8 @@
   is ``null`` (unknown), never invented; ``utilization = used / measured``.
 
 Groups: ``user``, ``queue`` (the leaf queue), ``department`` (the top of the queue's path; a root
-queue is its own), ``model`` (GPU model), ``node``, ``kind``, and calendar periods ``day``,
+queue is its own), ``model`` (GPU model), ``node``, ``pool`` (the node's pool: a record from before
+pools is in pool ``default``), ``kind``, and calendar periods ``day``,
 ``week`` (ISO, from Monday) and ``month``, in UTC. A record that spans a period boundary is split,
 so the groups of any grouping add up to the same total.
 """
@@ -27,6 +28,7 @@ from sqlalchemy import or_, select
 from ...contract import USAGE_GROUPS as GROUPS
 from ...contract import gpu_state
 from ...contract import USAGE_PERIODS as PERIODS
+from ...scheduler.model import DEFAULT_POOL
 from ..store import ledger as L
 from ..store import samples
 
@@ -161,7 +163,7 @@ def report(s: Any, since: float, until: float, by: str, now: float, user: str | 
         if by in PERIODS:
             return split_by_period(a, b, by)
         key = {"user": r["user"], "queue": r["queue"], "department": r["department"], "kind": r["kind"],
-               "model": r["gpu_model"] or "(unknown)", "node": r["node"]}[by]
+               "model": r["gpu_model"] or "(unknown)", "node": r["node"], "pool": r["pool"] or DEFAULT_POOL}[by]
         return [(key, a, b)]
 
     groups, total = accumulate(s, since, until, now, pieces, user=user, queue=queue)

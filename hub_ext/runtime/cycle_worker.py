@@ -42,6 +42,7 @@ from ...scheduler.model import (CycleResult, NodeSpec, Phase, QueueSpec, Reserva
                                 Snapshot, Workload as SWorkload)
 from ...scheduler.reasons import Code, Pending
 from ..domain import lifecycle
+from ..domain.pools import pool_counts
 from ..store import tables as D
 from ..store.engine import make_engine, make_sessionmaker
 
@@ -114,12 +115,15 @@ class Decision:
     pid: int = 0  # the process that decided
     done_at: float = 0.0  # when it was decided (time.time())
     lost_seconds: float = 0.0  # waited for a worker process that hung (then killed): no work of the service
+    pools: dict[str, dict[str, float]] = field(default_factory=dict)  # domain/pools.py pool_counts
 
 
 def _model(row: Any, queue: str, **state: Any) -> SWorkload:
     """The core's Workload of a row (``state``: phase, placements, start of a workload holding GPUs)."""
     fields = {name: getattr(row, name) for name in MODEL_FIELDS}
     fields["pods"] = int(fields.get("pods") or 1)
+    if "pools" in fields:
+        fields["pools"] = tuple(fields["pools"] or ())  # JSON: a list, or NULL for any pool
     return SWorkload(id=D.public_id(row.type, row.id), queue=queue, submit_time=row.submitted_at, **fields, **state)
 
 
@@ -138,7 +142,9 @@ class CycleWorker:
         self._pending_cache: dict[int, SWorkload] = {}
         self._said: dict[str, tuple[Pending, str]] = {}  # last reason per queued workload, as words
 
-    def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+    def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation],
+               usage: dict | None = None) -> Decision:
+        """``usage``: past usage for fairness over time (``Snapshot.usage``; runtime/fairness.py)."""
         t0 = time.perf_counter()
         warnings: list[str] = []
         with self.sessions() as s:
@@ -148,6 +154,7 @@ class CycleWorker:
                                                              D.Workload.allocation.is_(None))
                                .order_by(D.Workload.id)).all()
             snap, by_id, views = self.snapshot(holding, queued, now, nodes, reservations, warnings)
+            snap.usage = usage or {}
             t1 = time.perf_counter()
             with paused_gc():  # see gpupool/gcpause.py
                 result = self.scheduler.schedule(snap)
@@ -167,6 +174,7 @@ class CycleWorker:
         if not isinstance(result.pending, PendingView):
             result.pending = PendingView(result.pending)
         return Decision(result=result, queues=views, held=held, warnings=warnings, decide_ms=decide_ms,
+                        pools=pool_counts(snap, result.binds),
                         read_ms=(t1 - t0) * 1000, explain_ms=explain_ms, reasons=reasons,
                         seconds=time.perf_counter() - t0, pid=os.getpid(), done_at=time.time())
 
@@ -257,9 +265,9 @@ def _orphan_watch(parent: int) -> None:
     os._exit(0)
 
 
-def _decide(now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+def _decide(now: float, nodes: list[NodeSpec], reservations: list[Reservation], usage: dict | None = None) -> Decision:
     assert _worker is not None
-    return _worker.decide(now, nodes, reservations)
+    return _worker.decide(now, nodes, reservations, usage)
 
 
 def _ready() -> int:
@@ -312,7 +320,8 @@ class Decider:
                 p.kill()
                 p.join()
 
-    async def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation]) -> Decision:
+    async def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation],
+                     usage: dict | None = None) -> Decision:
         loop = asyncio.get_running_loop()
         lost = 0.0
         if self.in_process:
@@ -320,7 +329,8 @@ class Decider:
             pool = self._pool
             assert pool is not None
             try:  # submit raises too when the worker died while idle
-                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations)),
+                decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations,
+                                                                                   usage)),
                                                   self.timeout)
             except concurrent.futures.process.BrokenProcessPool as e:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -336,7 +346,7 @@ class Decider:
             else:
                 self.deaths = 0
                 return decision
-        decision = await loop.run_in_executor(None, self.local.decide, now, nodes, reservations)
+        decision = await loop.run_in_executor(None, self.local.decide, now, nodes, reservations, usage)
         decision.lost_seconds = lost
         return decision
 

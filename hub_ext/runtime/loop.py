@@ -45,7 +45,9 @@ from ..domain import lifecycle, tokens
 from ..store import ledger
 from ..store import tables as D
 from . import attempts, jobfiles
+from ..domain.pools import fairness_config
 from .cycle_worker import Decider, QueueView, WorkerConfig
+from .fairness import UsageTracker
 from .jobspec import JobSpecs
 from .memory import MemoryEnforcer, fractional
 from .memory import tier as enforcement_tier
@@ -68,6 +70,12 @@ class LoopState:
     positions: dict[str, int] = field(default_factory=dict)
     fair_share: dict[str, dict[str, float]] = field(default_factory=dict)
     allocated: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per node pool (pool -> queue -> resource -> amount) and past usage (pool -> queue -> share)
+    pool_fair_share: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    pool_allocated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    fairness_on: bool = False
+    pools: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> running, allocated, queued
     queues: dict[str, QueueView] = field(default_factory=dict)
     memory_warnings: dict[int, str] = field(default_factory=dict)
     cycles: int = 0
@@ -102,9 +110,13 @@ class SchedulerLoop:
         self._live_nodes = callable(getattr(backend, "nodes", None))
         # reading the database, the snapshot, Scheduler.schedule and the pending reasons: in a
         # worker process (c.GPUPool.cycle_in_process) or a thread, never on the event loop
+        fairness = fairness_config(self.pool.fairness)  # c.GPUPool.fairness (None: off)
+        self.fairness = UsageTracker(sessions, fairness)  # past usage from the ledger (runtime/fairness.py)
+        self.state.fairness_on = fairness is not None
         core = SchedulerConfig(min_runtime=self.pool.min_runtime, preemption_grace=self.pool.preemption_grace,
                                placement=self.pool.placement, gpu_memory_reserve=self.pool.gpu_memory_reserve,
-                               gpu_memory_reserve_min=parse_bytes(self.pool.gpu_memory_reserve_min))
+                               gpu_memory_reserve_min=parse_bytes(self.pool.gpu_memory_reserve_min),
+                               fairness_k=fairness.k if fairness else 0.0)
         self.decider = Decider(WorkerConfig(db_url=self.pool.db_url, queues=list(settings.queues), scheduler=core,
                                             live_nodes=self._live_nodes),
                                sessions, self.pool.cycle_in_process, timeout=self.pool.cycle_timeout)
@@ -237,6 +249,8 @@ class SchedulerLoop:
                 if opened or closed:
                     log.info("usage ledger: opened %d and closed %d records to match the allocations", opened, closed)
                 s.commit()
+            self.fairness.rebuild(time.time(), self.node_states.apply(self.nodes.values()))
+            with self.sessions() as s:
                 # plans in motion before the restart (the next cycle keeps or drops each, saying why)
                 self._reservations = D.reservations_from_rows(
                     s.scalars(select(D.ReservationRow).order_by(D.ReservationRow.since)).all())
@@ -265,7 +279,9 @@ class SchedulerLoop:
             await self._reconcile(s, rows, now)
             s.commit()
         t_rec = time.perf_counter()
-        decision = await self.decider.decide(now, self.node_states.apply(self.nodes.values()), self._reservations)
+        nodes = self.node_states.apply(self.nodes.values())
+        usage = self.fairness.usage(now, nodes)  # fairness over time ({} when off)
+        decision = await self.decider.decide(now, nodes, self._reservations, usage)
         result = decision.result
         t_dec = time.perf_counter()
         for warning in decision.warnings:
@@ -294,6 +310,8 @@ class SchedulerLoop:
         st.queues = decision.queues
         st.pending, st.positions = result.pending, result.positions
         st.fair_share, st.allocated = result.fair_share, result.allocated
+        st.pool_fair_share, st.pool_allocated, st.usage = result.pool_fair_share, result.pool_allocated, usage
+        st.pools = decision.pools
         # the gap before the next cycle follows the service's own work, not a hung worker's wait
         self._last_cycle_seconds = time.perf_counter() - t0 - decision.lost_seconds
         st.cycles += 1

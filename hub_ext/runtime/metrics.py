@@ -42,6 +42,12 @@ class Metrics:
         self._held: dict[str, float] = {}
         self._held_at: float | None = None
         self.gpus_total = Gauge("gpupool_gpus_total", "GPUs in the pool", registry=r)
+        # node pools: each pool's GPUs, and each queue's quota, share, allocation and usage in it
+        self.pool_gpus = Gauge("gpupool_pool_gpus", "GPUs of a node pool: total, allocated, free; workloads "
+                               "queued for it", ["pool", "what"], registry=r)
+        self.pool_queue_gpus = Gauge("gpupool_pool_queue_gpus", "GPUs of a queue in a node pool: deserved, "
+                                     "fair_share, allocated; usage: its past usage (fairness over time, a share of "
+                                     "the pool's capacity)", ["pool", "queue", "what"], registry=r)
         self.gpus_allocated = Gauge("gpupool_gpus_allocated", "GPUs allocated (fractions summed)", registry=r)
         self.cycle_seconds = Histogram("gpupool_cycle_seconds", "Duration of a scheduling cycle (all steps)",
                                        registry=r, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
@@ -77,6 +83,33 @@ class Metrics:
                 self.gpu_hours_allocated.labels(queue=q.name)  # a leaf queue's series exists from the start, at 0
         self.gpus_total.set(sum(n.gpus for n in loop.settings.nodes))
         self.gpus_allocated.set(allocated)
+        self._observe_pools(loop, result)
+
+    def _observe_pools(self, loop: Any, result: Any) -> None:
+        """Per node pool (the ``pool`` label): its GPUs and what waits for it; each queue's share there."""
+        st = loop.state
+        pools: dict[str, float] = {}
+        for n in loop.settings.nodes:
+            pools[n.pool] = pools.get(n.pool, 0.0) + (n.gpus if n.schedulable else 0)
+        single = list(pools) in ([], ["default"])
+        for p, total in pools.items():
+            c = st.pools.get(p, {})
+            self.pool_gpus.labels(pool=p, what="total").set(total)
+            self.pool_gpus.labels(pool=p, what="allocated").set(c.get("allocated", 0.0))
+            self.pool_gpus.labels(pool=p, what="free").set(max(0.0, total - c.get("allocated", 0.0)))
+            self.pool_gpus.labels(pool=p, what="queued").set(c.get("queued", 0))
+            fair = result.fair_share if single else result.pool_fair_share.get(p, {})
+            alloc = result.allocated if single else result.pool_allocated.get(p, {})
+            for q in loop.settings.queues:
+                mine = q.in_pool(p)
+                self.pool_queue_gpus.labels(pool=p, queue=q.name, what="deserved").set(mine.deserved.get("gpu", 0))
+                self.pool_queue_gpus.labels(pool=p, queue=q.name, what="fair_share").set(
+                    fair.get(q.name, {}).get("gpu", 0))
+                self.pool_queue_gpus.labels(pool=p, queue=q.name, what="allocated").set(
+                    alloc.get(q.name, {}).get("gpu", 0))
+                if st.fairness_on:
+                    self.pool_queue_gpus.labels(pool=p, queue=q.name, what="usage").set(
+                        st.usage.get(p, {}).get(q.name, 0.0))
 
     def _tree(self, queues: list) -> QueueTree:
         if self._queue_tree is None or self._queue_tree[0] is not queues:

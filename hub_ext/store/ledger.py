@@ -9,7 +9,7 @@ the change. Nothing in the loop or the API has to remember to write it, and a cr
 leave the ledger and the state disagreeing: either both are committed or neither.
 
 One record per placement (a pod on a node): workload, user, queue (and its path in the queue
-tree, whose first element is the department), kind, node, GPU indices and model, fraction, start,
+tree, whose first element is the department), kind, node and its pool, GPU indices and model, fraction, start,
 end and why it ended (``end_reason``: a code from :data:`END_REASONS`, ``end_detail``: the
 workload's reason, a sentence). A SIGKILL of the service leaves the records of running workloads
 open; on the next start :func:`reconcile` (called by ``SchedulerLoop.recover``) keeps the interval
@@ -28,6 +28,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from ...contract import decode_allocation
 from ...scheduler.fairshare import QueueTree
+from ...scheduler.model import DEFAULT_POOL
 from . import tables as D
 
 # Why an interval ended (``end_reason``)
@@ -62,6 +63,8 @@ class UsageRecord(D.Base):
     node: Mapped[str] = mapped_column(String(255))
     gpu_indices: Mapped[Any] = mapped_column(JSON, default=list)
     gpu_model: Mapped[str] = mapped_column(String(255), default="")
+    # the node's pool (scheduler NodeSpec.pool); NULL in records from before pools: pool ``default``
+    pool: Mapped[str | None] = mapped_column(String(255), nullable=True)
     fraction: Mapped[float] = mapped_column(Float, default=1.0)
     gpus: Mapped[float] = mapped_column(Float, default=0.0)  # len(gpu_indices) * fraction
     start: Mapped[float] = mapped_column(Float)
@@ -95,6 +98,7 @@ class Ledger:
 
     def records(self, row: D.Workload, start: float) -> list[dict]:
         models = {n.name: n.gpu_model for n in self.settings.nodes}
+        pools = {n.name: n.pool for n in self.settings.nodes}
         path = self.queue_path(row.queue)
         out = []
         for p in decode_allocation(row.allocation):
@@ -102,7 +106,7 @@ class Ledger:
             out.append(dict(workload_id=row.id, workload=D.public_id(row.type, row.id), type=row.type, user=row.user,
                             queue=row.queue, queue_path="/".join(path), department=path[0], kind=row.kind,
                             attempt=row.attempt or 0, pod=p.pod, node=p.node,
-                            gpu_indices=indices, gpu_model=models.get(p.node, "") or "",
+                            gpu_indices=indices, gpu_model=models.get(p.node, "") or "", pool=pools.get(p.node, DEFAULT_POOL),
                             fraction=fraction, gpus=len(indices) * fraction, start=start, end=None))
         return out
 

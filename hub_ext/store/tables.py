@@ -54,6 +54,8 @@ class Workload(Base):
     command: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
     pods: Mapped[int] = mapped_column(Integer, default=1)  # workers of a distributed job (a gang)
     enforcement: Mapped[str | None] = mapped_column(String(16), nullable=True)  # contract.ENFORCEMENT_TIERS
+    # node pools it may run in, in order of preference (NULL or []: any pool, the core's choice)
+    pools: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
     source: Mapped[str | None] = deferred(mapped_column(Text, nullable=True))  # the notebook (JSON) as submitted
     parameters: Mapped[Any] = mapped_column(JSON, default=dict)
     sweep: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)

@@ -6,6 +6,7 @@ from ..domain.errors import APIError
 from ..domain.identity import Identity
 from . import schemas
 from .base import BaseHandler
+from .pools import pools_of, queue_entry
 from .scopes import METRICS, PUBLIC, SUBMIT, needs_scope
 
 
@@ -37,6 +38,7 @@ class QueuesHandler(BaseHandler):
             who = Identity(name=args.user, groups=groups, admin=hub_admin)
         st = svc.loop.state
         out = []
+        pools = pools_of(svc)  # each queue's quota, share, allocation and usage per node pool
         for q in svc.settings.queues:
             view = st.queues.get(q.name)
             acc = svc.settings.access.get(q.name, {})
@@ -46,7 +48,7 @@ class QueuesHandler(BaseHandler):
                 "fair_share": st.fair_share.get(q.name, {}), "allocated": st.allocated.get(q.name, {}),
                 "running": view.running if view else 0, "pending": view.pending if view else 0,
                 "users": acc.get("users", []), "groups": acc.get("groups", []),
-                "may_submit": svc.access.may_use(who, q.name),
+                "may_submit": svc.access.may_use(who, q.name), **queue_entry(svc, q, pools),
             })
         self.send({"queues": out})
 

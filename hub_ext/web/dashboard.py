@@ -5,7 +5,8 @@ admins see everything; other users see the queues, their own workloads and their
 The page is a Jinja2 template (templates/dashboard.html) with the data embedded as JSON and drawn
 by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, works offline.
 
-Shows: queue bars (deserved / fair share / allocated), GPUs allocated versus used over the last
+Shows: queue bars (deserved / fair share / allocated), node pools and each queue's share in each
+(with its weight and past usage under fairness over time), GPUs allocated versus used over the last
 day, pending workloads with their wait and reason, running workloads, idle workloads and their
 holders, the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
 CSV downloads (``usage.csv?by=...``, the same numbers as ``GET usage``). It refreshes itself every
@@ -28,6 +29,7 @@ from ..domain import usage as U
 from ..store import tables as D
 from .base import iso
 from .policies import effective
+from .pools import pools_of, queue_entry
 from .scopes import ADMIN_SCOPE, has_scope
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hub_ext/: templates/ and static/
@@ -69,6 +71,9 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
                "allocated": round(st.allocated.get(q.name, {}).get("gpu", 0), 3),
                "running": st.queues[q.name].running if q.name in st.queues else 0,
                "pending": st.queues[q.name].pending if q.name in st.queues else 0} for q in svc.settings.queues]
+    pools = pools_of(svc)  # node pools; each queue's share per pool, its weight and past usage (fairness)
+    for view, spec in zip(queues, svc.settings.queues):
+        view.update(weight=spec.over_quota_weight, **queue_entry(svc, spec, pools))
     mine = None if admin else name
     with svc.sessions() as s:
         q = select(D.Workload).where(D.Workload.status.in_(D.ACTIVE)).order_by(D.Workload.id)
@@ -100,7 +105,8 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
     total = sum(n.gpus for n in svc.settings.nodes)
     return {"user": name, "admin": admin, "now": iso(now), "gpus_total": total, "queues": queues,
             "timeline": timeline, "pending": pending, "running": running, "idle": idle, "week": week,
-            "since_week": iso(now - 7 * DAY), "policies": policy_rows(svc), "idle_note": idle_note(svc)}
+            "since_week": iso(now - 7 * DAY), "policies": policy_rows(svc), "idle_note": idle_note(svc),
+            "pools": pools["pools"], "fairness": st.fairness_on}
 
 
 def policy_rows(svc: Any) -> list[dict]:

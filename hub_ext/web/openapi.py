@@ -23,6 +23,7 @@ from .cluster import HealthHandler, MetricsHandler, QueuesHandler
 from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
 from .nodes import NodeActionHandler, NodesHandler
 from .policies import EffectivePoliciesHandler, EffectivePolicyList, EffectivePolicyQuery
+from .pools import PoolsHandler
 from .scopes import ADMIN_SCOPE, PUBLIC, need_of, needs_scope
 from .suspensions import ResumeHandler, SuspensionsHandler
 from .usage import UsageHandler, UsageHistoryHandler
@@ -85,6 +86,7 @@ OPERATIONS = (
     Op("get", "/policies/effective", "The workload policy of a leaf queue (default: every one), per kind: defaults "
        "and limits, each with the queue or department that sets it", EffectivePoliciesHandler, EffectivePolicyList,
        query=EffectivePolicyQuery, errors=(400, 401, 403)),
+    Op("get", "/pools", "Node pools: their GPUs, what they hold and what waits for them", PoolsHandler, S.PoolList),
     Op("get", "/nodes", "Nodes and their GPUs with allocations, live readings and whether each is in service",
        NodesHandler, S.NodeList),
     *(Op("post", f"/nodes/{{name}}/{action}", summary, NodeActionHandler, S.NodeAction, body=S.NodeActionRequest,

@@ -7,6 +7,7 @@ from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler
 from .nodes import NodeActionHandler, NodesHandler
 from .openapi import OpenAPIHandler
 from .policies import EffectivePoliciesHandler
+from .pools import PoolsHandler
 from .suspensions import ResumeHandler, SuspensionsHandler
 from .usage import UsageHandler, UsageHistoryHandler
 from .workspaces import WorkspaceHandler, WorkspacesHandler
@@ -25,6 +26,7 @@ def api_routes(prefix: str) -> list[tuple]:
         (rf"{api}/metrics/?", MetricsHandler),
         (rf"{api}/queues/?", QueuesHandler),
         (rf"{api}/policies/effective/?", EffectivePoliciesHandler),
+        (rf"{api}/pools/?", PoolsHandler),
         (rf"{api}/nodes/?", NodesHandler),
         (rf"{api}/nodes/([^/]+)/([^/]+)/?", NodeActionHandler),
         (rf"{api}/jobs/?", JobsHandler),

@@ -19,6 +19,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValida
 from ... import contract as C
 from ...scheduler.units import parse_cpu
 from ..domain.usage import ReportError, parse_time
+from .pool_schemas import (Answer, GpuSeries, PoolChoice, PoolList, PoolsOut, QueuePools, Reading,  # noqa: F401
+                           Usage, UsageHistory, UsageRow)
 
 # ---------------------------------------------------------------------------- field types
 
@@ -108,7 +110,7 @@ class Query(BaseModel):
 
 # ---------------------------------------------------------------------------- requests
 
-class Resources(Request):
+class Resources(Request, PoolChoice):  # + pools
     gpus: Optional[Gpus] = None
     gpu_memory: Optional[Quantity] = Field(None, description="instead of gpus: a share of one GPU by memory")
     cpu: Optional[Cores] = None
@@ -260,10 +262,6 @@ class SuspensionsQuery(Query):
 # Open models (more fields may come): the document states what clients may rely on. The handlers
 # serialise through them (views.py).
 
-class Answer(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
 class Error(Answer):
     status: int = Field(ge=400, le=599)
     message: str
@@ -310,7 +308,7 @@ ReasonCode = Annotated[Literal[C.REASON_CODES], Field(  # type: ignore[valid-typ
     description="why it waits, for programs (reason is the sentence for people); null when not waiting in a queue")]
 
 
-class Job(Answer):
+class Job(Answer, PoolsOut):  # + pools
     id: str = Field(pattern=C.JOB_ID_PATTERN)
     name: str
     user: str
@@ -353,7 +351,7 @@ class JobList(Answer):
     jobs: list[Job]
 
 
-class Workspace(Answer):
+class Workspace(Answer, PoolsOut):  # + pools
     id: str
     user: str
     server: str
@@ -379,7 +377,7 @@ class WorkspaceList(Answer):
     workspaces: list[Workspace]
 
 
-class Queue(Answer):
+class Queue(Answer, QueuePools):  # + pools, usage
     name: str
     parent: Optional[str]
     deserved: dict[str, float]
@@ -442,46 +440,6 @@ class MetricOut(Answer):
 class Health(Answer):
     ok: bool
     cycles: int
-
-
-class UsageRow(Answer):
-    """GPU-hours of one group, named under the grouping's key (``"user": "alice"``; ``"total"``)."""
-
-    allocated_gpu_hours: float = Field(ge=0)
-    used_gpu_hours: Optional[float] = Field(description="null: no NVML reading covered the allocation (unknown)")
-    measured_gpu_hours: float = Field(ge=0, description="the allocated GPU-hours that had readings")
-    utilization: Optional[float] = Field(description="percent: used / measured; null when unknown")
-    workloads: int = Field(ge=0)
-
-
-class Usage(Answer):
-    since: str
-    until: str
-    by: Literal[C.USAGE_GROUPS]  # type: ignore[valid-type]
-    user: Optional[str] = Field(description="whose usage (null: everyone's, for admins)")
-    rows: list[UsageRow]
-    total: UsageRow
-
-
-class Reading(Answer):
-    t: str = Field(description="the start of the period the reading covers")
-    seconds: float
-    utilization: Optional[float]
-    memory_used: Optional[int]
-    state: Optional[Literal[C.GPU_STATES]] = Field(None, description="busy, idle, or held: 0 % holding memory")  # type: ignore[valid-type]  # noqa: E501
-
-
-class GpuSeries(Answer):
-    node: str
-    gpu: int
-    points: list[Reading]
-
-
-class UsageHistory(Answer):
-    since: str
-    until: str
-    workload: Optional[str]
-    series: list[GpuSeries]
 
 
 class Suspension(Answer):
