@@ -204,23 +204,27 @@ def queue_policy(policy: dict | None, max_gpus: int) -> dict:
 
 def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
                 gpu_memory: int = 0, gpu_model: str = "", defaults: dict | None = None,
-                note: str = "", policies: dict | None = None) -> str:
+                note: str = "", policies: dict | None = None, gpu_kinds: str = "") -> str:
     """The form body (JupyterHub wraps it in ``<form>`` with a Start button), from
     ``templates/gpu_form.html``.
 
     ``queues``: entries of ``GET queues`` the user may submit to (``name``, ``deserved``,
     ``allocated``, ``pending``); ``defaults``: the user's last ``user_options``; ``policies``: queue
     -> its ``interactive`` policy (``GET policies/effective``): the menu offers only the GPUs the
-    chosen queue allows (a script follows the queue menu) and pre-selects its defaults."""
+    chosen queue allows (a script follows the queue menu) and pre-selects its defaults; ``gpu_kinds``:
+    the kinds of GPU where they differ (node pools of different GPUs)."""
     d = dict(defaults or {})
     gpu_options = [(0.0, "0", format_gpus(0))]
     if max_gpus > 0:
         gpu_options += [(f, f"{f:g}", f"{format_gpus(f)} ({_fraction_label(f)} of one, shared)") for f in fractions]
     gpu_options += [(float(n), str(n), format_gpus(n)) for n in range(1, max_gpus + 1)]
-    rows = [{"name": str(q.get("name", "")), "deserved": float((q.get("deserved") or {}).get("gpu", 0)),
-             "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0),
-             **queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus), "pools": pool_rows(q)}
-            for q in queues]
+    rows = []
+    for q in queues:
+        pools = pool_rows(q)  # with node pools, what a queue deserves is its quotas' sum over them
+        deserved = sum(p["deserved"] for p in pools) if pools else float((q.get("deserved") or {}).get("gpu", 0))
+        rows.append({"name": str(q.get("name", "")), "deserved": deserved,
+                     "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0),
+                     **queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus), "pools": pools})
     current_queue = d.get("queue") if any(r["name"] == d.get("queue") for r in rows) else (rows[0]["name"] if rows
                                                                                           else "")
     policy = next((r for r in rows if r["name"] == current_queue), queue_policy(None, max_gpus))
@@ -237,7 +241,8 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
         gpu_memory_value = format_bytes(policy["gpu_memory"]) if policy["gpu_memory"] else ""
     preemptible = d.get("preemptible") if "preemptible" in d else policy["preemptible"]
     return render(_HERE, "gpu_form.html", note=note, gpu_options=gpu_options, current_gpus=f"{chosen:g}",
-                  gpu_memory_value=gpu_memory_value, gpu_memory=gpu_memory, gpu_model=gpu_model,
+                  gpu_memory_value=gpu_memory_value, gpu_memory=0 if gpu_kinds else gpu_memory,
+                  gpu_model=gpu_kinds or gpu_model,
                   queues=rows, current_queue=current_queue, max_allowed=policy["max_gpus"],
                   preemptible=preemptible in (True, "on", "true"))
 

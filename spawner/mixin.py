@@ -37,6 +37,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from .. import contract as C
 from ..client import api as client_api
+from ..contract import format_bytes
 from . import form as gpuform
 from .form import GPURequest, OptionError
 
@@ -294,6 +295,20 @@ class GPUPoolSpawnerMixin(Spawner):
         models = sorted({n.get("gpu_model") or "" for n in nodes} - {""})
         return max_gpus, max(mems) if mems else 0, "/".join(models)
 
+    @staticmethod
+    def _gpu_kinds(nodes: list[dict]) -> str:
+        """The kinds of GPU the form names where they differ, e.g. ``24Gi (L4, pool build), 80Gi
+        (H100, pool train)``; "" where every GPU is alike (the form then says "each GPU has ...")."""
+        kinds = sorted({(int(n.get("gpu_memory") or 0), n.get("gpu_model") or "", n.get("pool") or "")
+                        for n in nodes if n.get("gpus")})
+        if len({(m, g) for m, g, _ in kinds}) <= 1:
+            return ""
+        out = []
+        for mem, model, pool in kinds:
+            about = ", ".join(x for x in (model, f"pool {pool}" if pool and pool != "default" else "") if x)
+            out.append(f"{format_bytes(mem) if mem else 'unknown memory'}" + (f" ({about})" if about else ""))
+        return ", ".join(out)
+
     async def _render_gpu_form(self, spawner: Spawner | None = None) -> str:
         try:
             queues = await self.gpupool_queues()
@@ -307,7 +322,7 @@ class GPUPoolSpawnerMixin(Spawner):
         queues = [q for q in queues if policies.get(q["name"], {}).get("allowed", True)]  # queues taking workspaces
         return gpuform.render_form(queues=queues, fractions=self.gpu_fractions, max_gpus=max_gpus,
                                    gpu_memory=memory, gpu_model=model, defaults=defaults or {},
-                                   note=self.gpupool_form_note, policies=policies)
+                                   note=self.gpupool_form_note, policies=policies, gpu_kinds=self._gpu_kinds(nodes))
 
     async def validate_gpu_options(self, user_options: dict) -> GPURequest:
         """``user_options`` -> GPURequest, or SpawnException(400) naming the field.

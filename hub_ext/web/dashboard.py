@@ -25,6 +25,7 @@ from sqlalchemy import select
 from tornado import web
 
 from ... import contract as C
+from ...scheduler.model import DEFAULT_POOL
 from ..domain import usage as U
 from ..store import tables as D
 from .base import iso
@@ -72,8 +73,11 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
                "running": st.queues[q.name].running if q.name in st.queues else 0,
                "pending": st.queues[q.name].pending if q.name in st.queues else 0} for q in svc.settings.queues]
     pools = pools_of(svc)  # node pools; each queue's share per pool, its weight and past usage (fairness)
+    names = [p["name"] for p in pools["pools"]]
     for view, spec in zip(queues, svc.settings.queues):
         view.update(weight=spec.over_quota_weight, **queue_entry(svc, spec, pools))
+        if names != [DEFAULT_POOL]:  # with node pools, a queue deserves its quotas' sum over them
+            view["deserved"] = sum(spec.in_pool(p).deserved.get("gpu", 0) for p in names)
     mine = None if admin else name
     with svc.sessions() as s:
         q = select(D.Workload).where(D.Workload.status.in_(D.ACTIVE)).order_by(D.Workload.id)

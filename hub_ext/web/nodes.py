@@ -48,7 +48,7 @@ def node_views(svc: Any, only: Iterable[str] | None = None) -> list[dict]:
                          "allocations": allocs})
         state = states.view(n.name, n.name in held)
         schedulable = n.schedulable and n.name not in states.out
-        node = {"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory,
+        node = {"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory, "pool": n.pool,
                 "schedulable": schedulable, "labels": n.labels, "gpus": gpus, **state}
         if not schedulable:
             node["unschedulable_reason"] = (svc.loop.node_reasons.get(n.name) or state.get("state_reason")

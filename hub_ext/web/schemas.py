@@ -411,6 +411,7 @@ class Node(Answer):
     name: str
     gpu_model: str
     gpu_memory: int
+    pool: str = Field("default", description="the node pool it belongs to")
     schedulable: bool
     labels: dict[str, str]
     gpus: list[GpuOut]
