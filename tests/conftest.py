@@ -1,4 +1,4 @@
-"""Shared fixtures.
+"""Shared fixtures, and tests/shims on PYTHONPATH (a lazy stand-in for a module that is slow to import).
 
 * ``hub_leak_check_session`` (autouse, once for the whole run): no hub started by a test is left
   running, and none left a process behind (tests/hub_harness.py).
@@ -7,10 +7,20 @@
   notebooks. A module that needs a hub of its own defines a module-level ``hub`` fixture, which
   overrides this one there.
 """
-import nbformat
-import pytest
+import os
+import sys
+from pathlib import Path
 
-from hub_harness import Hub, hub_leak_check_session, notebook  # noqa: F401 (autouse session check)
+# tests/shims first on the path of this run and of every process it starts (hubs, servers, jobs,
+# the CLI): rfc3987_syntax there loads the real one only when used (see its docstring)
+SHIMS = str(Path(__file__).resolve().parent / "shims")
+sys.path.insert(0, SHIMS)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SHIMS, os.environ.get("PYTHONPATH")]))
+
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+
+from hub_harness import Hub, hub_leak_check_session, notebook  # noqa: E402,F401 (autouse session check)
 
 SETTINGS = {
     "nodes": [{"name": "box", "gpus": 2, "gpu_memory": "24Gi"}, {"name": "box2", "gpus": 1, "gpu_memory": "24Gi"}],

@@ -71,6 +71,9 @@ async def test_worker_process_decides_as_the_thread_does(tmp_path):
                 seen.append((r.binds, r.evictions, dict(r.pending), r.positions, r.fair_share, r.allocated,
                              r.reservations, r.dropped, d.queues, d.held, d.reasons))
                 assert (d.pid != os.getpid()) == in_process
+                # waiting for the worker process to start is no work of the service: the loop's gap
+                # before the next cycle leaves it out (it was twice the start-up, with no cycle then)
+                assert (d.lost_seconds > 0) == (in_process and k == 0)
         finally:
             decider.close()
         outcomes[name] = seen
@@ -80,6 +83,40 @@ async def test_worker_process_decides_as_the_thread_does(tmp_path):
     assert evictions and outcomes["thread"][0][6] and binds
     assert "reclaiming" in {p.code.value for p in pending.values()}
     _assert_reasons_stored(f"sqlite:///{tmp_path / 'process.sqlite'}", pending, binds)
+
+
+def test_a_new_workload_is_never_taken_for_an_old_one_with_its_id(tmp_path):
+    """A deleted workload's id is not handed out again (the database's AUTOINCREMENT), and where a
+    database does reuse it (one made before that), the worker's cache of queued workloads does not
+    take the new row for the old one: the new request is what gets placed (a half-GPU workspace
+    was once admitted with the two GPUs of the workspace whose id it got)."""
+    from sqlalchemy import update
+
+    from gpupool.hub_ext.runtime.cycle_worker import CycleWorker
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    sessions = D.make_sessionmaker(D.make_engine(url))
+    now = time.time()
+    row = dict(type=D.WORKSPACE, user="alice", queue="a", kind="interactive", preemptible=False, status=D.QUEUED,
+               reason="", parameters={})
+    with sessions() as s:
+        old = D.Workload(**row, gpus=2.0, submitted_at=now)
+        s.add(old)
+        s.commit()
+    worker = CycleWorker(WorkerConfig(db_url=url, queues=QUEUES, scheduler=SchedulerConfig()), sessions)
+    assert not worker.decide(now, [], []).result.binds  # no GPUs yet: it waits (its model is kept)
+    with sessions() as s:
+        s.delete(s.get(D.Workload, old.id))  # released
+        s.commit()
+        new = D.Workload(**row, gpus=0.5, submitted_at=now + 1)
+        s.add(new)
+        s.commit()
+        assert new.id > old.id
+        s.execute(update(D.Workload).where(D.Workload.id == new.id).values(id=old.id))  # as an older database does
+        s.commit()
+    [bind] = worker.decide(now + 2, NODES[:1], []).result.binds
+    assert bind.workload == D.public_id(D.WORKSPACE, old.id)
+    assert [(len(p.gpus), p.fraction) for p in bind.placements] == [(1, 0.5)]
 
 
 def _assert_reasons_stored(url: str, pending, binds) -> None:

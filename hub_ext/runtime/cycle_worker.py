@@ -114,7 +114,7 @@ class Decision:
     seconds: float = 0.0  # the whole of CycleWorker.decide
     pid: int = 0  # the process that decided
     done_at: float = 0.0  # when it was decided (time.time())
-    lost_seconds: float = 0.0  # waited for a worker process that hung (then killed): no work of the service
+    lost_seconds: float = 0.0  # waited for a worker process starting, or one that hung (then killed): no work of the service
     pools: dict[str, dict[str, float]] = field(default_factory=dict)  # domain/pools.py pool_counts
 
 
@@ -183,7 +183,8 @@ class CycleWorker:
                  ) -> tuple[Snapshot, dict[str, Any], dict[str, QueueView]]:
         """Workloads holding GPUs and queued ones (database rows) as the scheduler's model. Queued
         workloads do not change while they wait, so their model objects are reused across cycles
-        (a long queue costs little per cycle)."""
+        (a long queue costs little per cycle): by row id and submission time, since a database
+        may hand a deleted row's id to a new row."""
         queues = list(self.config.queues)
         workloads: list[SWorkload] = []
         by_id: dict[str, Any] = {}
@@ -216,7 +217,7 @@ class CycleWorker:
         cache, fresh = self._pending_cache, {}
         for row in queued:
             w = cache.get(row.id)
-            if w is None:
+            if w is None or w.submit_time != row.submitted_at:  # a reused id (SQLite without AUTOINCREMENT)
                 w = _model(row, row.queue)
             fresh[row.id] = w
             workloads.append(w)
@@ -289,6 +290,7 @@ class Decider:
         self.timeout = timeout  # c.GPUPool.cycle_timeout
         self.local = CycleWorker(config, sessions)  # the thread path, and the fallback
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._ready: concurrent.futures.Future | None = None  # the worker process has started
         self.restarts = 0  # worker processes started again after one died
         self.deaths = 0  # worker processes that died since one last decided a cycle
 
@@ -296,7 +298,7 @@ class Decider:
         # spawn: a fresh interpreter, not a fork of a process running an event loop and threads
         pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                                       initializer=_start, initargs=(self.config, os.getpid()))
-        pool.submit(_ready)  # the worker starts (imports, opens the database) now, not in the next cycle
+        self._ready = pool.submit(_ready)  # the worker starts (imports, opens the database) now, not in the next cycle
         return pool
 
     def start(self) -> None:
@@ -328,10 +330,19 @@ class Decider:
             self.start()
             pool = self._pool
             assert pool is not None
+            ready = self._ready
+            if ready is not None and not ready.done():
+                # a worker process still starting (imports): waiting for it is no work of the
+                # service, so it does not lengthen the loop's gap before the next cycle
+                t0 = time.perf_counter()
+                starting = asyncio.wrap_future(ready)
+                starting.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen by the submit below
+                await asyncio.wait([starting], timeout=self.timeout)
+                lost = time.perf_counter() - t0
             try:  # submit raises too when the worker died while idle
                 decision = await asyncio.wait_for(asyncio.wrap_future(pool.submit(_decide, now, nodes, reservations,
                                                                                    usage)),
-                                                  self.timeout)
+                                                  max(self.timeout - lost, 0.001))
             except concurrent.futures.process.BrokenProcessPool as e:
                 pool.shutdown(wait=False, cancel_futures=True)
                 self._lost(f"died ({e})")
@@ -345,6 +356,7 @@ class Decider:
                            error=True)
             else:
                 self.deaths = 0
+                decision.lost_seconds = lost
                 return decision
         decision = await loop.run_in_executor(None, self.local.decide, now, nodes, reservations, usage)
         decision.lost_seconds = lost

@@ -84,7 +84,11 @@ class Workload(Base):
     # NULL in rows from before the column existed
     history: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True, default=list)
 
-    __table_args__ = (Index("ix_workloads_status", "status"), Index("ix_workloads_type_user", "type", "user"))
+    # AUTOINCREMENT on SQLite: an id (the public id, w-000001) is never handed out again after its
+    # row is deleted (a released workspace), so the usage ledger, reservations and the loop's
+    # caches and binds, all keyed by it, never mistake a new workload for an old one
+    __table_args__ = (Index("ix_workloads_status", "status"), Index("ix_workloads_type_user", "type", "user"),
+                      {"sqlite_autoincrement": True})
 
     @property
     def public_id(self) -> str:
