@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hub_harness import Hub, hub_leak_check  # noqa: E402,F401 (leak check fixtures)
 
+from gpupool.protocol import JobDir  # noqa: E402
+
 pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.slow]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -53,6 +55,18 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
         yield h
 
 
+def _write_scalar(logdir, tag, value):
+    """A job's TensorBoard log, as SummaryWriter.add_scalar writes it."""
+    import time
+
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    w = EventFileWriter(str(logdir))
+    w.add_event(Event(wall_time=time.time(), step=0, summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)])))
+    w.close()
+
+
 def _start(hub, user, options):
     r = hub.hub_api("POST", f"users/{user}/server", hub.admin_token, json=options)
     assert r.status_code in (201, 202), f"{r.text}\n{hub.hub_log()[-4000:]}"
@@ -78,6 +92,7 @@ def test_status_bar_shows_the_share_and_tensorboard_opens(hub):
                                                    "preemptible": False})
     assert waiting.status_code == 201, waiting.text
     hub.wait_job(alice, waiting.json()["id"], {"queued"})
+    _write_scalar(JobDir.of(str(hub.job_root), waiting.json()["id"]).tensorboard, "val_acc", 0.75)
     # bob's server, through the hub: the server extension's answer for a workspace without a GPU
     r = requests.get(hub.hub_url + "user/bob/gpupool/status", timeout=20,
                      headers={"Authorization": f"token {hub.token('bob')}"})
@@ -120,6 +135,10 @@ def test_status_bar_shows_the_share_and_tensorboard_opens(hub):
                 assert "/user/alice/tensorboard" in tb.url, tb.url
                 tb.wait_for_function("() => document.title.includes('TensorBoard')", timeout=120_000)
                 tb.screenshot(path=str(ARTIFACTS / "tensorboard.png"))
+                # it reads alice's job's logs: the job is a run, with its scalar
+                runs = hub.wait_for(lambda: [r for r in tb.request.get(tb.url.split("#")[0] + "data/runs").json()
+                                             if r == waiting.json()["id"]], 60, 1)
+                assert runs == [waiting.json()["id"]]
             except Exception:
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "statusbar-failure.png"))
