@@ -5,15 +5,38 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: test hub deps bench clean browser-deps prometheus-deps
+.PHONY: test hub deps bench clean browser-deps prometheus-deps labextension
 
 deps: $(VENV)/.installed node_modules/.bin/configurable-http-proxy
 
-$(VENV)/.installed: pyproject.toml
+# The JupyterLab extension (labextension/, TypeScript) is built here with the npm toolchain of
+# package.json into gpupool/lab/labextension/, which the Python package ships. An editable install
+# skips a package's data files (a setuptools limitation), so the last two lines enable the server
+# extension and link the lab extension into the venv, as `jupyter labextension develop` does.
+LABEXT := gpupool/lab/labextension
+LABEXT_SRC := labextension/package.json labextension/tsconfig.json $(wildcard labextension/src/*.ts labextension/style/*.css)
+JUPYTER_DATA := $(VENV)/share/jupyter/labextensions
+JUPYTER_CONF := $(VENV)/etc/jupyter/jupyter_server_config.d
+
+$(VENV)/.installed: pyproject.toml $(LABEXT)/package.json
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q -e '.[test]'
+	mkdir -p $(JUPYTER_DATA) $(JUPYTER_CONF)
+	ln -sfn $(CURDIR)/$(LABEXT) $(JUPYTER_DATA)/gpupool-lab
+	cp gpupool/lab/etc/gpupool-lab.json $(JUPYTER_CONF)/
 	@touch $@
+
+# the builder needs JupyterLab's core package.json (its shared packages): jupyterlab's own, from the venv
+$(LABEXT)/package.json: $(LABEXT_SRC) node_modules/.bin/configurable-http-proxy
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -c 'import jupyterlab' 2>/dev/null || $(PY) -m pip install -q 'jupyterlab>=4'
+	node_modules/.bin/tsc -p labextension
+	node node_modules/@jupyterlab/builder/lib/build-labextension.js \
+	  --core-path "$$($(PY) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" labextension
+	@touch $@
+
+labextension: $(LABEXT)/package.json
 
 node_modules/.bin/configurable-http-proxy: package.json
 	npm install --no-audit --no-fund --loglevel=error
@@ -41,4 +64,4 @@ bench: deps
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) node_modules build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) node_modules build dist *.egg-info .pytest_cache $(LABEXT) labextension/lib

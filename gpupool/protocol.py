@@ -50,6 +50,8 @@ class Env:
     GPU_MEMORY_LIMIT = "GPUPOOL_GPU_MEMORY_LIMIT"  # bytes of GPU memory a fractional worker may use
     # that cap as a share of the whole GPU's memory (what PyTorch's per-process fraction takes)
     GPU_MEMORY_FRACTION = "GPUPOOL_GPU_MEMORY_FRACTION"
+    # workspaces: where the jobs' directories are (the TensorBoard launcher reads the user's jobs there)
+    JOB_ROOT = "GPUPOOL_JOB_ROOT"
 
     SECRETS = (API_TOKEN,)  # values that must not appear in a pod spec (a Secret holds them)
 
@@ -74,6 +76,7 @@ class JobDir:
         output.ipynb               the executed notebook (output-rank1.ipynb ... for workers)
         log.txt                    the log, appended to by every attempt (log-rank1.txt ...)
         checkpoints/               kept across attempts; LATEST names the newest checkpoint
+        tensorboard/               TensorBoard event files the job writes (docs/tools.md)
         control/stop               the stop request (JSON: reason, requested_at)
         control/warning            a warning before the job must stop (JSON: message, at)
         runs/<attempt>/exit.json   a worker's exit status (exit-rank1.json ...)
@@ -101,6 +104,10 @@ class JobDir:
     @property
     def checkpoints(self) -> str:
         return os.path.join(self.path, "checkpoints")
+
+    @property
+    def tensorboard(self) -> str:
+        return os.path.join(self.path, "tensorboard")
 
     @property
     def stop_file(self) -> str:

@@ -38,6 +38,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from .. import contract as C
 from ..client import api as client_api
 from ..contract import format_bytes
+from ..protocol import Env
 from . import form as gpuform
 from .form import GPURequest, OptionError
 
@@ -531,6 +532,9 @@ class GPUPoolSpawnerMixin(Spawner):
         env = super().get_env()
         if self.server_gpupool_url and "GPUPOOL_URL" not in env:
             env["GPUPOOL_URL"] = self.server_gpupool_url
+        job_root = self._pool_config("job_root", "")
+        if job_root and Env.JOB_ROOT not in env:  # the TensorBoard launcher finds the user's jobs there
+            env[Env.JOB_ROOT] = os.path.abspath(str(job_root))
         if self.gpu_env:
             env.update(self.gpu_env)
         elif self.hide_gpus_without_allocation:

@@ -26,6 +26,11 @@ def test_wheel_builds_and_imports(tmp_path):
     # the HTML templates travel as package data
     for template in ("spawner/templates/gpu_form.html", "widgets/templates/macros.html", "widgets/templates/job.html"):
         assert f"gpupool/{template}" in names, template
+    # the JupyterLab extension (built by `make deps`) and the server extension's switch, as data files
+    data = "gpupool-0.1.0.data/data/"
+    assert data + "share/jupyter/labextensions/gpupool-lab/package.json" in names
+    assert any(n.startswith(data + "share/jupyter/labextensions/gpupool-lab/static/remoteEntry.") for n in names)
+    assert data + "etc/jupyter/jupyter_server_config.d/gpupool-lab.json" in names
     # Install the wheel alone into a bare target dir and import the pure core from there.
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheels[0])],
