@@ -88,6 +88,10 @@ class JobSpec:
     worker_env: list[dict[str, str]] = field(default_factory=list)  # per rank: its pod's GPU variables
     # per rank: a fractional worker's GPU memory cap ({"gpu": index, "hard": bytes, "soft": bytes}; {} for none)
     gpu_caps: list[dict[str, int]] = field(default_factory=list)
+    # an endpoint (kind inference): each worker is a replica serving HTTP on ``$PORT``, restarted by
+    # the backend up to ``max_restarts`` times when it exits (local: the runner; Kubernetes: the kubelet)
+    endpoint: bool = False
+    max_restarts: int = 0
 
     @property
     def files(self) -> JobDir:
@@ -110,6 +114,17 @@ class RunState:
 
 
 PYTHON_NAMES = ("python", "python3")
+
+
+def endpoint_targets(handle: dict | None) -> list[str]:
+    """The base URLs an endpoint's run serves on (``http://host:port``), one per replica the
+    service proxies to: ``target`` of the run's handle and of each worker's (local), or the
+    handle's ``targets`` (Kubernetes: the Service in front of the pods)."""
+    if not handle:
+        return []
+    if handle.get("targets"):
+        return [str(t) for t in handle["targets"]]
+    return [str(h["target"]) for h in [handle, *handle.get("workers", [])] if h.get("target")]
 
 
 def worker_run_id(run_id: str, rank: int) -> str:
