@@ -119,3 +119,31 @@ def test_replicas_and_share_belong_to_endpoints(hub):
     assert r.status_code == 400 and r.json()["field"] == "share", r.text
     r = hub.api("POST", "jobs", alice, json={"script": "serve.py", "kind": "inference", "replicas": 2, "pods": 3})
     assert r.status_code == 400 and r.json()["field"] == "pods", r.text
+
+
+def test_the_cli_and_the_client_serve_and_list_endpoints_with_their_urls(hub):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gpupool
+
+    alice = hub.token("alice")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "JUPYTERHUB_"))}
+    env.update(GPUPOOL_URL=hub.hub_url, GPUPOOL_TOKEN=alice, GPUPOOL_CLIENT_CONFIG="/nonexistent/gpupool.json")
+    cli = str(Path(sys.executable).parent / "gpupool")
+    res = subprocess.run([cli, "serve", "--wait", "--name", "from-cli", "serve.py"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    url = next(line.split("URL: ", 1)[1] for line in res.stdout.splitlines() if line.startswith("URL: "))
+    assert url.startswith(hub.hub_url + "services/gpupool/endpoints/j-")
+    assert requests.get(url, headers={"Authorization": f"token {alice}"}, timeout=30).json()["user"] == "alice"
+    listed = subprocess.run([cli, "endpoints"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "from-cli" in listed and url in listed and "ready" in listed, listed
+    client = gpupool.Client(hub.hub_url, alice)
+    job = gpupool.serve("serve.py", gpus=0.5, name="from-python", share_users=["bob"], wait=True, client=client)
+    assert job.url.startswith(hub.hub_url + "services/gpupool/endpoints/") and job.data["share"]["users"] == ["bob"]
+    assert call(hub, job.data, hub.token("bob")).status_code == 200
+    assert {j.data["name"] for j in gpupool.endpoints(client=client)} >= {"from-cli", "from-python"}
+    for j in gpupool.endpoints(client=client):
+        j.cancel()
