@@ -202,6 +202,19 @@ class JobBackend(abc.ABC):
     async def adopt(self, spec: JobSpec, handle: dict | None) -> tuple[dict | None, RunState]:
         """After a service restart: find the run again. Returns (handle, state)."""
 
+    def restarts(self, handle: dict, job_dir: str, attempt: int) -> int:
+        """How often an endpoint's servers were restarted in ``attempt``, every replica together:
+        the counts their runners keep in the job directory (local processes and pods alike)."""
+        files = JobDir(job_dir)
+        total = 0
+        for rank in range(1 + len(handle.get("workers", []))):
+            try:
+                with open(files.restarts_file(attempt, rank)) as f:
+                    total += int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pass
+        return total
+
     def pids(self, handle: dict) -> set[int]:
         """Process ids of the run on this machine (for NVML memory accounting); empty if unknown."""
         return set()

@@ -276,11 +276,6 @@ class LocalBackend(JobBackend):
     async def request_checkpoint(self, handle: dict, spec: JobSpec, reason: str = "") -> None:
         P.write_stop(spec.stop_file, reason)
 
-    def restarts(self, handle: dict, job_dir: str, attempt: int) -> int:
-        """How often the runners restarted an endpoint's servers in ``attempt`` (every replica)."""
-        files = P.JobDir(job_dir)
-        return sum(_read_count(files.restarts_file(attempt, r)) for r in range(len(_workers(handle))))
-
     async def terminate(self, handle: dict, force: bool = False) -> None:
         for h in _workers(handle):
             _signal_run(h["run_id"], h.get("pgid"), signal.SIGKILL if force else signal.SIGTERM)
@@ -361,14 +356,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _read_count(path: str) -> int:
-    try:
-        with open(path) as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
 
 
 def _write_count(path: str, n: int) -> None:
