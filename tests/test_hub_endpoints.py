@@ -147,3 +147,29 @@ def test_the_cli_and_the_client_serve_and_list_endpoints_with_their_urls(hub):
     assert {j.data["name"] for j in gpupool.endpoints(client=client)} >= {"from-cli", "from-python"}
     for j in gpupool.endpoints(client=client):
         j.cancel()
+
+
+def test_the_example_serves_the_checkpoint_the_example_notebook_saved(hub):
+    """examples/serve_model.py as an endpoint: it serves the newest checkpoint a run of
+    examples/train_checkpoint.ipynb saved (gpupool.checkpoint's files), with no download."""
+    import shutil
+    from pathlib import Path
+
+    import nbformat
+
+    alice = hub.token("alice")
+    root = Path(__file__).resolve().parents[1] / "examples"
+    shutil.copy(root / "serve_model.py", hub.home("alice") / "serve_model.py")
+    nb = nbformat.read(str(root / "train_checkpoint.ipynb"), 4)
+    r = hub.api("POST", "jobs", alice, json={"notebook_content": nb, "parameters": {"steps": 3, "step_seconds": 0}})
+    trained = hub.wait_job(alice, r.json()["id"], {"succeeded"}, 120)
+    checkpoints = str(Path(hub.job_root) / trained["id"] / "checkpoints")
+    r = hub.api("POST", "jobs", alice, json={"script": "serve_model.py", "args": ["--checkpoints", checkpoints],
+                                             "kind": "inference"})
+    assert r.status_code == 201, r.text
+    job = wait_ready(hub, alice, r.json()["id"])
+    info = call(hub, job, alice).json()
+    assert info["step"] == 3 and abs(info["loss"] - 10 * 0.9 ** 3) < 1e-9
+    y = call(hub, job, alice, "predict", method="POST", json={"x": [0, 1]}).json()["y"]
+    assert y == [info["loss"], info["loss"] * 0.9]
+    hub.api("DELETE", f"jobs/{job['id']}", alice)
