@@ -20,7 +20,7 @@ _CLIENT = (
     "BadRequest", "BestTrial", "Client", "ConfigurationError", "Conflict", "ConnectionFailed", "Forbidden",
     "GPUPoolError", "Job", "NotFound", "QuotaError", "ServiceError", "Sweep", "SweepError", "TrialTable",
     "Unauthorized", "choice", "connect", "intuniform", "log_metric", "loguniform", "nodes", "queues",
-    "submit", "uniform",
+    "submit", "uniform", "serve", "endpoints",
 )
 _WIDGETS = ("dashboard", "QueueView", "GPUView", "JobView", "SweepView", "JobsView")
 _LAZY = {**{n: "gpupool.client" for n in _CLIENT}, **{n: "gpupool.widgets" for n in _WIDGETS},

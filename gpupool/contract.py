@@ -301,3 +301,29 @@ def gpu_state(utilization: float | None, memory_used: float | None) -> str | Non
 
 
 __all__ += ["GPU_BUSY", "GPU_IDLE", "GPU_HELD", "GPU_STATES", "HELD_MEMORY", "gpu_state"]
+
+
+# -- model endpoints (``kind: inference``; docs/endpoints.md) ------------------------------------
+class EndpointState(str, Enum):
+    """Whether an endpoint serves (its job's ``endpoint_state``). ``starting``: no replica has
+    answered the service's readiness probe since it (re)started; ``ready``: at least one replica
+    answers (``ready_replicas`` says how many), and the endpoint's URL reaches it."""
+
+    STARTING = "starting"
+    READY = "ready"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ENDPOINT_STATES = tuple(s.value for s in EndpointState)
+ENDPOINT_ROUTE = "endpoints"  # under the service's prefix: /services/gpupool/endpoints/<job id>/
+MAX_SHARES = 256  # users or groups one endpoint may be shared with
+
+
+def endpoint_path(service_prefix: str, job_id: str) -> str:
+    """The stable URL path of a job's endpoint through the hub: ``/services/gpupool/endpoints/j-000042/``."""
+    return f"{service_prefix.rstrip('/')}/{ENDPOINT_ROUTE}/{job_id}/"
+
+
+__all__ += ["EndpointState", "ENDPOINT_STATES", "ENDPOINT_ROUTE", "MAX_SHARES", "endpoint_path"]

@@ -56,6 +56,10 @@ class Env:
     SECRETS = (API_TOKEN,)  # values that must not appear in a pod spec (a Secret holds them)
 
 
+# an endpoint (kind inference): the TCP port its server listens on (the usual name of web platforms)
+PORT = "PORT"
+
+
 # -- the job directory ------------------------------------------------------------------------
 
 def worker_file(path: str, rank: int) -> str:
@@ -81,6 +85,7 @@ class JobDir:
         control/warning            a warning before the job must stop (JSON: message, at)
         runs/<attempt>/exit.json   a worker's exit status (exit-rank1.json ...)
         runs/<attempt>/parameters.json  the notebook's parameters (local backend)
+        runs/<attempt>/restarts    an endpoint's server restarts in the attempt (restarts-rank1 ...)
     """
 
     path: str
@@ -122,6 +127,10 @@ class JobDir:
 
     def exit_file(self, attempt: int, rank: int = 0) -> str:
         return worker_file(os.path.join(self.run_dir(attempt), "exit.json"), rank)
+
+    def restarts_file(self, attempt: int, rank: int = 0) -> str:
+        """An endpoint's worker: how often its server was restarted in this attempt (a number)."""
+        return worker_file(os.path.join(self.run_dir(attempt), "restarts"), rank)
 
     def parameters(self, attempt: int) -> str:
         return os.path.join(self.run_dir(attempt), "parameters.json")
@@ -371,7 +380,7 @@ def job_env(job: JobDir, job_id: str, attempt: int, *, api_url: str = "", token:
     return env
 
 
-__all__ = ["Env", "JobDir", "worker_file", "LATEST", "write_latest", "read_latest", "latest_mtime", "write_stop",
+__all__ = ["Env", "PORT", "JobDir", "worker_file", "LATEST", "write_latest", "read_latest", "latest_mtime", "write_stop",
            "stop_requested", "read_stop", "warning_file", "write_warning", "read_warning", "write_exit", "read_exit",
            "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_VISIBILITY", "device_ids", "memory_limit",
            "usable_memory", "memory_fraction", "gpu_env", "job_env", "STARTUP_DIR", "with_startup_hook"]

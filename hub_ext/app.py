@@ -34,6 +34,7 @@ from .domain.access import QueueAccess
 from .domain.errors import APIError
 from .domain.identity import Identity
 from .domain.submission import Submissions
+from .runtime.endpoints import EndpointProber
 from .runtime.idle import IdleChecker
 from .runtime.loop import SchedulerLoop
 from .runtime.metrics import Metrics
@@ -183,6 +184,9 @@ async def serve(settings: Settings) -> int:
                                limits=settings.max_runtime, warning=pool.max_runtime_warning)
     checker.start()
     svc.idle = checker
+    prober = EndpointProber(sessions, backend, pool.job_root, pool.endpoint_probe_seconds)  # endpoints' readiness
+    prober.start()
+    svc.endpoint_prober = prober
     app = web.Application(routes(prefix, pool.service_name), gpupool=svc, gpupool_api_path=prefix.rstrip("/") + "/api/v1",
                           log_function=_log_request,
                           cookie_secret=dashboard.cookie_secret())
@@ -205,7 +209,7 @@ async def serve(settings: Settings) -> int:
         await stop.wait()
         log.info("stopping (running jobs keep running; the next start re-adopts them)")
         server.stop()
-    for task in (reconciler, sampler, checker, loop):
+    for task in (reconciler, sampler, checker, prober, loop):
         await task.stop()
     note = unfinished_jobs(sessions)
     if note:

@@ -29,6 +29,7 @@ from ..scheduler.model import NodeSpec, QueueSpec
 from ..scheduler.placement import POLICIES
 from ..scheduler.spec import SpecError, parse_nodes, parse_queues
 from .config_checks import knob_errors, over_commit_warnings
+from .config_endpoints import EndpointSettings, endpoint_errors
 from .config_gpus import GpuTruthSettings
 from .config_pools import PoolSettings, pool_errors
 from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
@@ -42,8 +43,8 @@ class GPUPoolConfigError(ValueError):
     """A bad ``c.GPUPool`` setting; the message names it."""
 
 
-class GPUPool(PoolSettings, GpuTruthSettings):  # + the knobs of node pools and fairness over time
-    # (config_pools.py) and of GPU enforcement and utilisation on a cluster (config_gpus.py)
+class GPUPool(PoolSettings, GpuTruthSettings, EndpointSettings):  # + the knobs of node pools and fairness
+    # over time (config_pools.py), of GPU enforcement on a cluster (config_gpus.py), of endpoints (config_endpoints.py)
     """The gpupool hub service: queues, nodes and how jobs run."""
 
     queues = List(
@@ -438,7 +439,7 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
     errors += policy_errors
     if pool.default_queue and access and pool.default_queue not in access:
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
-    errors += knob_errors(pool) + pool_errors(pool)
+    errors += knob_errors(pool) + pool_errors(pool) + endpoint_errors(pool)
     if isinstance(config, Config) and "JupyterHub" in config and "load_roles" in config.JupyterHub:
         errors += role_errors(_roles(config.JupyterHub.load_roles))
     if errors:

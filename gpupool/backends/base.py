@@ -88,6 +88,10 @@ class JobSpec:
     worker_env: list[dict[str, str]] = field(default_factory=list)  # per rank: its pod's GPU variables
     # per rank: a fractional worker's GPU memory cap ({"gpu": index, "hard": bytes, "soft": bytes}; {} for none)
     gpu_caps: list[dict[str, int]] = field(default_factory=list)
+    # an endpoint (kind inference): each worker is a replica serving HTTP on ``$PORT``, restarted by
+    # the backend up to ``max_restarts`` times when it exits (local: the runner; Kubernetes: the kubelet)
+    endpoint: bool = False
+    max_restarts: int = 0
 
     @property
     def files(self) -> JobDir:
@@ -110,6 +114,17 @@ class RunState:
 
 
 PYTHON_NAMES = ("python", "python3")
+
+
+def endpoint_targets(handle: dict | None) -> list[str]:
+    """The base URLs an endpoint's run serves on (``http://host:port``), one per replica the
+    service proxies to: ``target`` of the run's handle and of each worker's (local), or the
+    handle's ``targets`` (Kubernetes: the Service in front of the pods)."""
+    if not handle:
+        return []
+    if handle.get("targets"):
+        return [str(t) for t in handle["targets"]]
+    return [str(h["target"]) for h in [handle, *handle.get("workers", [])] if h.get("target")]
 
 
 def worker_run_id(run_id: str, rank: int) -> str:
@@ -186,6 +201,19 @@ class JobBackend(abc.ABC):
     @abc.abstractmethod
     async def adopt(self, spec: JobSpec, handle: dict | None) -> tuple[dict | None, RunState]:
         """After a service restart: find the run again. Returns (handle, state)."""
+
+    def restarts(self, handle: dict, job_dir: str, attempt: int) -> int:
+        """How often an endpoint's servers were restarted in ``attempt``, every replica together:
+        the counts their runners keep in the job directory (local processes and pods alike)."""
+        files = JobDir(job_dir)
+        total = 0
+        for rank in range(1 + len(handle.get("workers", []))):
+            try:
+                with open(files.restarts_file(attempt, rank)) as f:
+                    total += int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pass
+        return total
 
     def pids(self, handle: dict) -> set[int]:
         """Process ids of the run on this machine (for NVML memory accounting); empty if unknown."""

@@ -256,6 +256,12 @@ class JobPodSpec:
     gang: str = ""
     subdomain: str = ""
     command: list[str] | None = None  # a script/command job's argv (None: papermill on ``notebook``)
+    # an endpoint (kind inference): the run id its replicas share (the Service selects them by it), the
+    # port its server listens on ($PORT), how often the runner restarts a crashed server and where it counts
+    endpoint: str = ""
+    endpoint_port: int = 0
+    max_restarts: int = 0
+    restarts_file: str = ""
 
 
 LABEL_RUN = f"{GROUP}/run-id"
@@ -276,6 +282,7 @@ def exit_file(job_dir: str, attempt: int, rank: int = 0) -> str:
 
 
 LABEL_GANG = f"{GROUP}/gang"
+LABEL_ENDPOINT = f"{GROUP}/endpoint"
 LABEL_RANK = f"{GROUP}/rank"
 
 
@@ -284,27 +291,47 @@ def gang_service_name(run_id: str) -> str:
     return job_pod_name(run_id)
 
 
-def gang_service_manifest(pod: dict[str, Any], run_id: str, port: int) -> dict[str, Any]:
-    """The headless Service that gives every worker pod of a run a DNS name
-    (``<pod>.<service>.<namespace>.svc``) for the rendezvous; owned by rank 0's pod (created, so
-    with its uid), so Kubernetes deletes it with that pod. It publishes pods before they are ready:
-    the workers must find rank 0 while they start."""
+def _owned_service(pod: dict[str, Any], name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A Service owned by ``pod`` (created, so with its uid: Kubernetes deletes it with that pod),
+    labelled as the pod but for its rank and run."""
     meta = pod["metadata"]
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": gang_service_name(run_id),
+            "name": name,
             "namespace": meta.get("namespace", "default"),
             "labels": {k: v for k, v in meta.get("labels", {}).items() if k.startswith(GROUP) and k != LABEL_RANK
                        and k != LABEL_RUN},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
                                  "blockOwnerDeletion": False}],
         },
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": {LABEL_GANG: meta["labels"][LABEL_GANG]},
-                 "ports": [{"name": "rendezvous", "port": int(port), "targetPort": int(port), "protocol": "TCP"}]},
+        "spec": spec,
     }
+
+
+def gang_service_manifest(pod: dict[str, Any], run_id: str, port: int) -> dict[str, Any]:
+    """The headless Service that gives every worker pod of a run a DNS name
+    (``<pod>.<service>.<namespace>.svc``) for the rendezvous; owned by rank 0's pod. It publishes
+    pods before they are ready: the workers must find rank 0 while they start."""
+    return _owned_service(pod, gang_service_name(run_id), {
+        "clusterIP": "None", "publishNotReadyAddresses": True,
+        "selector": {LABEL_GANG: pod["metadata"]["labels"][LABEL_GANG]},
+        "ports": [{"name": "rendezvous", "port": int(port), "targetPort": int(port), "protocol": "TCP"}]})
+
+
+def endpoint_service_name(run_id: str) -> str:
+    """The Service in front of an endpoint's replicas (``gpupool-j-000042-3-...-http``)."""
+    return dns_name(f"{job_pod_name(run_id)[:57]}-http")
+
+
+def endpoint_service_manifest(pod: dict[str, Any], run_id: str, port: int) -> dict[str, Any]:
+    """The ClusterIP Service in front of every replica of an endpoint's run (selected by the
+    endpoint label; only ready pods, those whose readiness probe answers, get requests). Owned by
+    rank 0's pod. The gpupool service proxies to it."""
+    return _owned_service(pod, endpoint_service_name(run_id), {
+        "type": "ClusterIP", "selector": {LABEL_ENDPOINT: label_value(run_id)},
+        "ports": [{"name": "http", "port": int(port), "targetPort": int(port), "protocol": "TCP"}]})
 
 
 def job_secret_name(run_id: str) -> str:
@@ -369,6 +396,8 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         "HOME": spec.home_mount,
         "PYTHONUNBUFFERED": "1",
     })
+    if spec.endpoint:
+        env[P.PORT] = str(int(spec.endpoint_port))
     # the cap the service computed (a memory request, the driver's reserve) is kept
     cap = int((spec.env or {}).get(Env.GPU_MEMORY_LIMIT) or 0) if 0 < p.fraction < 1 else 0
     env.update(gpu_env(p, spec.gpu_uuids, spec.gpu_memory, memory=cap))
@@ -393,9 +422,10 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         volumes.append({"name": "gpupool-jobs", "persistentVolumeClaim": {"claimName": spec.jobs_claim}})
         mounts.append({"name": "gpupool-jobs", "mountPath": spec.jobs_mount})
 
+    serve = ["--restarts", str(int(spec.max_restarts)), "--restarts-file", spec.restarts_file] if spec.endpoint else []
     args = ["run-job", "--exit-file", exit_file(spec.job_dir, spec.attempt, spec.rank), "--log", spec.log,
             "--run-id", spec.run_id, "--stop-file", spec.stop_file, "--grace", f"{float(spec.grace_seconds):g}",
-            "--", *papermill_command(spec)]
+            *serve, "--", *papermill_command(spec)]
     container: dict[str, Any] = {
         "name": "notebook",
         "image": spec.image,
@@ -409,6 +439,10 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
         container["resources"] = resources
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
+    if spec.endpoint:  # a replica: it serves on its port; the Service sends requests to it once it answers
+        container["ports"] = [{"name": "http", "containerPort": int(spec.endpoint_port), "protocol": "TCP"}]
+        container["readinessProbe"] = {"httpGet": {"path": "/", "port": int(spec.endpoint_port)},
+                                       "periodSeconds": 2, "failureThreshold": 1}
     security: dict[str, Any] = {}
     if spec.run_as_uid is not None:
         security["runAsUser"] = int(spec.run_as_uid)
@@ -422,6 +456,8 @@ def job_pod_manifest(spec: JobPodSpec) -> dict[str, Any]:
     if spec.gang:
         labels[LABEL_GANG] = label_value(spec.gang)
         labels[LABEL_RANK] = str(int(spec.rank))
+    if spec.endpoint:
+        labels[LABEL_ENDPOINT] = label_value(spec.endpoint)
     labels.update(spec.extra_labels)
     gpu_ids = gpu_ids_for(p, spec.gpu_uuids) if 0 < p.fraction < 1.0 else []
     annotations = gpupool_annotations(job_id=spec.job_id, user=spec.user, queue=spec.queue,
@@ -506,6 +542,8 @@ def run_job(argv: Sequence[str]) -> int:
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--stop-file", default="")
     ap.add_argument("--grace", type=float, default=30.0)
+    ap.add_argument("--restarts", type=int, default=0)
+    ap.add_argument("--restarts-file", default="")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(list(argv))
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -520,7 +558,9 @@ def run_job(argv: Sequence[str]) -> int:
         pass
     start_offset = os.path.getsize(args.log) if os.path.exists(args.log) else 0
     runner = [sys.executable, "-m", "gpupool.backends.local", "run", "--exit-file", args.exit_file,
-              "--log", args.log, "--run-id", args.run_id, "--", *cmd]
+              "--log", args.log, "--run-id", args.run_id,
+              *(["--restarts", str(args.restarts), "--restarts-file", args.restarts_file] if args.restarts else []),
+              "--", *cmd]
     env = dict(os.environ)
     env[Env.RUN_ID] = args.run_id
     proc = subprocess.Popen(runner, env=env, stdin=subprocess.DEVNULL)

@@ -694,6 +694,10 @@ class KubeJobBackend(JobBackend):
             node_selector=dict(self.kube.extra_node_selector), tolerations=list(self.kube.tolerations),
             extra_labels=dict(self.kube.extra_labels), extra_annotations=dict(self.kube.extra_annotations),
             python=self.kube.python)
+        if spec.endpoint:  # a replica of an endpoint (docs/endpoints.md)
+            pod.endpoint, pod.endpoint_port = spec.run_id, int(self._pool("endpoint_port", 8000))
+            pod.max_restarts = int(spec.max_restarts)
+            pod.restarts_file = spec.files.restarts_file(spec.attempt, rank)
         return pod
 
     def _handle(self, pod: dict) -> dict:
@@ -724,6 +728,8 @@ class KubeJobBackend(JobBackend):
                 os.unlink(stale)
             except OSError:
                 pass
+        if spec.endpoint:
+            return await self._start_endpoint(spec, image, pods)
         if pods == 1:
             return (await self._start_worker(spec, self.pod_spec(spec, image)))[0]
         from ..distributed import worker_env
@@ -747,6 +753,28 @@ class KubeJobBackend(JobBackend):
             raise
         handle = dict(handles[0])
         handle["workers"] = handles[1:]
+        return handle
+
+    async def _start_endpoint(self, spec: JobSpec, image: str, pods: int) -> dict:
+        """Every replica's pod and the Service in front of them (all or none); the handle's
+        ``targets`` is the Service, which the gpupool service proxies to."""
+        port = int(self._pool("endpoint_port", 8000))
+        handles: list[dict] = []
+        try:
+            for rank in range(pods):
+                handle, raw = await self._start_worker(spec, self.pod_spec(spec, image, rank))
+                handles.append(handle)
+                if rank == 0:
+                    await self._create(self.core.create_namespaced_service,
+                                       km.endpoint_service_manifest(raw, spec.run_id, port), "the endpoint's Service")
+        except BaseException:
+            for h in handles:
+                await self._delete(h.get("pod"), 0)
+            raise
+        handle = dict(handles[0])
+        if pods > 1:
+            handle["workers"] = handles[1:]
+        handle["targets"] = [f"http://{km.endpoint_service_name(spec.run_id)}.{self.namespace}.svc:{port}"]
         return handle
 
     async def _create(self, fn: Any, manifest: dict, what: str) -> None:

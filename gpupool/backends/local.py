@@ -166,7 +166,7 @@ class LocalBackend(JobBackend):
         if not os.path.isdir(spec.workdir):
             raise RuntimeError(f"the working directory {spec.workdir} does not exist")
         rendezvous = {}
-        if pods > 1:
+        if pods > 1 and not spec.endpoint:  # an endpoint's replicas are independent: no rendezvous
             from ..distributed import worker_env
 
             port = free_port()
@@ -195,10 +195,16 @@ class LocalBackend(JobBackend):
         run_id = worker_run_id(spec.run_id, rank)
         exit_file = spec.files.exit_file(spec.attempt, rank)
         cgroup = self._cgroup(spec, rank, run_id)
+        serve: list[str] = []
+        env = self._env(spec, home)
+        if spec.endpoint:  # a replica: its own port, restarted by the runner when it exits with an error
+            port = free_port()
+            env[P.PORT] = str(port)
+            serve = ["--restarts", str(int(spec.max_restarts)), "--restarts-file",
+                     spec.files.restarts_file(spec.attempt, rank)]
         runner = [python, "-m", "gpupool.backends.local", "run", "--exit-file", exit_file,
                   "--log", spec.worker_log(rank), "--run-id", run_id, *(["--cgroup", cgroup] if cgroup else []),
-                  "--", *cmd]
-        env = self._env(spec, home)
+                  *serve, "--", *cmd]
         if rank < len(spec.worker_env):
             env.update(spec.worker_env[rank])
         env.update(rendezvous)
@@ -208,6 +214,8 @@ class LocalBackend(JobBackend):
                                 close_fds=True, **kwargs)
         self._procs[run_id] = proc
         handle = {"pid": proc.pid, "pgid": proc.pid, "run_id": run_id, "exit_file": exit_file, "started": time.time()}
+        if spec.endpoint:
+            handle["target"] = f"http://127.0.0.1:{env[P.PORT]}"
         if cgroup:
             try:
                 self._limits.enter(cgroup, proc.pid)  # the runner waits for this before it starts the program
@@ -293,8 +301,10 @@ class LocalBackend(JobBackend):
             # the runner: our wrapper, leader of its process group (the kernel leads a session too)
             runners = [p for p in pids if _is_runner(p)]
             pid = runners[0] if runners else min(pids)
-            return ({"pid": pid, "pgid": _pgid(pid) or pid, "run_id": run_id, "exit_file": exit_file,
-                     "started": None}, RunState(RUNNING))
+            found = {"pid": pid, "pgid": _pgid(pid) or pid, "run_id": run_id, "exit_file": exit_file, "started": None}
+            if handle and handle.get("target"):
+                found["target"] = handle["target"]
+            return found, RunState(RUNNING)
         handle = handle or {"pid": None, "pgid": None, "run_id": run_id, "exit_file": exit_file, "started": None}
         code = read_exit(exit_file)
         if code is not None:
@@ -348,6 +358,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _write_count(path: str, n: int) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(int(n)))
+    os.replace(tmp, path)
+
+
 def _is_runner(pid: int) -> bool:
     try:
         cmd = psutil.Process(pid).cmdline()
@@ -387,6 +404,8 @@ def _runner(argv: list[str]) -> int:
     p.add_argument("--log", required=True)
     p.add_argument("--run-id", required=True)
     p.add_argument("--cgroup", default="")
+    p.add_argument("--restarts", type=int, default=0, help="an endpoint: restart the program this often at most")
+    p.add_argument("--restarts-file", default="", help="an endpoint: where the restarts so far are counted")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
@@ -401,6 +420,7 @@ def _runner(argv: list[str]) -> int:
     child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=P.with_startup_hook(os.environ))
     stopped: list[int] = []
+    restarts = 0
 
     def forward(signum: int, _frame: Any) -> None:
         stopped.append(signum)
@@ -419,6 +439,20 @@ def _runner(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     rc = child.wait()
     code = 128 - rc if rc < 0 else rc
+    # an endpoint's server that crashed (not one asked to stop) starts again, a bounded number of times
+    while code != 0 and not stopped and restarts < args.restarts:
+        restarts += 1
+        log.write(f"\n=== gpupool: the endpoint's server ended ({_describe(code)}); restart {restarts} of at most "
+                  f"{args.restarts} ===\n".encode())
+        if args.restarts_file:
+            _write_count(args.restarts_file, restarts)
+        time.sleep(min(2.0 ** (restarts - 1), 30.0) if not stopped else 0)
+        if stopped:
+            break
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=P.with_startup_hook(os.environ))
+        rc = child.wait()
+        code = 128 - rc if rc < 0 else rc
     # whatever is left of the run (an orphaned kernel) goes too
     leftovers = [p for p in run_pids(args.run_id) if p != os.getpid()]
     for sig, pause in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):

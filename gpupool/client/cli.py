@@ -1,4 +1,4 @@
-"""``gpupool login | submit | list | describe | logs | output | delete | queues | nodes | node | top | sweep``
+"""``gpupool login | submit | serve | endpoints | list | describe | logs | output | delete | queues | nodes | node | top | sweep``
 (docs/cli.md).
 
 Tables are plain aligned text for people; ``--json`` prints the service's objects for scripts.
@@ -235,6 +235,7 @@ def cmd_describe(args) -> int:
               ("workers", j.get("pods") if (j.get("pods") or 1) > 1 else None),
               ("pools", ", ".join(j["pools"]) if j.get("pools") else None),  # node pools, most preferred first
               ("parameters", json.dumps(j.get("parameters") or {})), ("sweep", j.get("sweep")),
+              ("endpoint", _endpoint(c, j)),
               ("allocation", _alloc(j) or None), ("memory cap", ENFORCEMENT_WORDS.get(j.get("enforcement"))),
               ("submitted", j.get("submitted_at")),
               ("started", j.get("started_at")), ("finished", j.get("finished_at")),
@@ -255,6 +256,14 @@ def cmd_describe(args) -> int:
             tail = ", ".join(f"{s}:{v:g}" for s, v in pts[-5:])
             print(f"  {name}: {len(pts)} points, last {pts[-1][1]:g} at step {pts[-1][0]} ({tail})")
     return 0
+
+
+def _endpoint(c: Client, j: dict) -> str | None:
+    """An endpoint's URL, state and ready replicas (None for other jobs)."""
+    from .serving import endpoint_url
+
+    url = endpoint_url(j, c)
+    return url and f'{url} ({j.get("endpoint_state")}, {j.get("ready_replicas", 0)} of {j.get("pods") or 1} replicas ready)'
 
 
 def _print_history(history: list[dict]) -> None:
@@ -701,6 +710,10 @@ def register(subparsers) -> None:
     p = add("top", cmd_top, "GPU map: every node's GPUs with their fractional allocations")
     p.add_argument("-w", "--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
                    help="redraw every SECONDS (default 2) until Ctrl-C")
+
+    from .cli_endpoints import register as register_endpoints
+
+    register_endpoints(add, _float_gpus)  # gpupool serve, gpupool endpoints
 
     p = add("sweep", cmd_sweep, "run a hyperparameter sweep: each trial is a notebook job")
     p.add_argument("notebook", help="the trial notebook (logs the objective with gpupool.log_metric)")

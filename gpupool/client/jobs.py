@@ -57,6 +57,13 @@ class Job:
         """The raw job object as last fetched."""
         return dict(self._data)
 
+    @property
+    def url(self) -> str | None:
+        """An endpoint's full URL through the hub (docs/endpoints.md); None for other jobs."""
+        from .serving import endpoint_url
+
+        return endpoint_url(self._data, self._client)
+
     # -- attributes ---------------------------------------------------------------------------
     @property
     def id(self) -> str:

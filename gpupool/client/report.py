@@ -2,17 +2,29 @@
 
 ::
 
-    gpupool report --since 2026-11-01 [--until 2026-12-01] --by user|queue|department|model|node|kind|day|week|month
+    gpupool report [--since 2026-11-01] [--until 2026-12-01] --by user|queue|department|model|node|kind|day|week|month
                    [--user U] [--queue Q] [--csv | --json]
 
 Admins see everyone; other users their own usage. Dates are UTC (``2026-11-01`` is its midnight).
+Without ``--since``: the last 7 days (:data:`DEFAULT_DAYS`).
 """
 from __future__ import annotations
 
 import sys
+import time
+from datetime import datetime, timezone
 
 from ..contract import DEFAULT_USAGE_GROUP, USAGE_GROUPS
 from .cli import _client, _common, _guard, _num, _print_json, table
+
+
+DEFAULT_DAYS = 7  # what `gpupool report` covers without --since
+
+
+def default_since(now: float | None = None) -> str:
+    """``--since`` when it is not given: 7 days before now, as the API takes it (ISO 8601, UTC)."""
+    t = (time.time() if now is None else now) - DEFAULT_DAYS * 86400
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _hours(x) -> str:
@@ -20,7 +32,7 @@ def _hours(x) -> str:
 
 
 def cmd_report(args) -> int:
-    params = {"since": args.since, "until": args.until, "by": args.by, "user": args.user, "queue": args.queue}
+    params = {"since": args.since or default_since(), "until": args.until, "by": args.by, "user": args.user, "queue": args.queue}
     params = {k: v for k, v in params.items() if v}
     c = _client(args)
     if args.csv:
@@ -49,7 +61,7 @@ def cmd_report(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="GPU-hours allocated and used, per user/queue/department/model/day",
                               description=__doc__.split("::")[0].strip(), parents=[_common()])
-    p.add_argument("--since", required=True, help="start date (UTC), e.g. 2026-11-01 or 2026-11-01T08:00Z")
+    p.add_argument("--since", help="start date (UTC), e.g. 2026-11-01 or 2026-11-01T08:00Z (default: 7 days ago)")
     p.add_argument("--until", help="end date (default: now)")
     p.add_argument("--by", choices=USAGE_GROUPS, default=DEFAULT_USAGE_GROUP,
                    help=f"grouping (default: {DEFAULT_USAGE_GROUP})")

@@ -24,7 +24,7 @@ from ...scheduler.spec import WORKLOAD_FIELDS, SpecError, parse_workload
 from ...scheduler.units import parse_bytes
 from ..store import tables as D
 from ..store.inserter import Refused
-from . import lifecycle
+from . import endpoints, lifecycle
 from . import policies
 from .access import QueueAccess
 from .errors import APIError
@@ -128,6 +128,7 @@ class Submissions:
             raise APIError(400, "notebook: give exactly one of notebook (a path), notebook_content, script and "
                                 "command", "notebook")
         kind = request.kind or C.DEFAULT_JOB_KIND
+        request = endpoints.checked(request, kind)  # an endpoint's replicas are its workers
         queue = self.access.choose(ident, request.queue)
         request = self.with_defaults(request, queue, kind)
         w = self.resources(request, queue, kind, ident.name)

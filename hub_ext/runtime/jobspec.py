@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable
 
 from ...backends.base import JobSpec
-from ...contract import decode_allocation, encode_allocation
+from ...contract import INFERENCE, decode_allocation, encode_allocation
 from ...protocol import Env, JobDir, gpu_env, job_env, memory_limit
 from ...scheduler.model import PodPlacement
 from ...scheduler.units import parse_bytes
@@ -91,7 +91,8 @@ class JobSpecs:
                        queue=row.queue or "", kind=row.kind or "", cpu=float(row.cpu or 0), memory=int(row.memory or 0),
                        command=program_command(row), pods=pods,
                        worker_env=[self.placement_env(p, row.gpu_memory) for p in placements] if pods > 1 else [],
-                       gpu_caps=[self.gpu_cap(p, row.gpu_memory) for p in placements])
+                       gpu_caps=[self.gpu_cap(p, row.gpu_memory) for p in placements],
+                       endpoint=row.kind == INFERENCE, max_restarts=int(getattr(self.pool, "endpoint_restarts", 0)))
 
     def gpu_cap(self, placement: PodPlacement, gpu_memory: int = 0) -> dict[str, int]:
         """A fractional placement's cap for the driver (tier 2): at most its fraction of what the

@@ -83,6 +83,13 @@ class Workload(Base):
     # "ended_at", "allocation", "outcome", "stop_cause", "reason", "exit_code", "resumed_from"}];
     # NULL in rows from before the column existed
     history: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True, default=list)
+    # an endpoint (kind inference; domain/endpoints.py): who else may call it ({"users": [...], "groups":
+    # [...]}), and what the readiness probe last found (runtime/endpoints.py): contract.EndpointState, the
+    # replicas that answered, the restarts of its servers in the current attempt
+    share: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
+    endpoint_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    ready_replicas: Mapped[int] = mapped_column(Integer, default=0)
+    endpoint_restarts: Mapped[int] = mapped_column(Integer, default=0)
 
     # AUTOINCREMENT on SQLite: an id (the public id, w-000001) is never handed out again after its
     # row is deleted (a released workspace), so the usage ledger, reservations and the loop's

@@ -1,7 +1,7 @@
 """Every URL of the service, under its JupyterHub prefix (``/services/gpupool/``)."""
 from __future__ import annotations
 
-from . import dashboard
+from . import dashboard, endpoints
 from .cluster import HealthHandler, MetricsHandler, NotFoundHandler, QueuesHandler, RootHandler
 from .jobs import JobHandler, JobLogHandler, JobMetricsHandler, JobOutputHandler, JobsHandler
 from .nodes import NodeActionHandler, NodesHandler
@@ -44,4 +44,4 @@ def api_routes(prefix: str) -> list[tuple]:
 
 def routes(prefix: str, service_name: str) -> list[tuple]:
     """Everything: the dashboard's pages first (it answers the service's root for browsers)."""
-    return dashboard.routes(prefix, service_name) + api_routes(prefix)
+    return dashboard.routes(prefix, service_name) + endpoints.routes(prefix, service_name) + api_routes(prefix)

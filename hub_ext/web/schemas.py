@@ -19,6 +19,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValida
 from ... import contract as C
 from ...scheduler.units import parse_cpu
 from ..domain.usage import ReportError, parse_time
+from .endpoint_schemas import EndpointChoice, EndpointOut, Share  # noqa: F401
 from .pool_schemas import (Answer, GpuSeries, PoolChoice, PoolList, PoolsOut, QueuePools, Reading,  # noqa: F401
                            Usage, UsageHistory, UsageRow)
 
@@ -123,7 +124,7 @@ class Resources(Request, PoolChoice):  # + pools
 _ARGV = {"type": "array", "maxItems": C.MAX_ARGS, "items": {"type": ["string", "number"]}}
 
 
-class JobRequest(Resources):
+class JobRequest(Resources, EndpointChoice):  # + replicas, share
     """``POST jobs``: exactly one of ``notebook`` / ``notebook_content``."""
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["notebook"]},
@@ -308,7 +309,7 @@ ReasonCode = Annotated[Literal[C.REASON_CODES], Field(  # type: ignore[valid-typ
     description="why it waits, for programs (reason is the sentence for people); null when not waiting in a queue")]
 
 
-class Job(Answer, PoolsOut):  # + pools
+class Job(Answer, PoolsOut, EndpointOut):  # + pools, endpoint
     id: str = Field(pattern=C.JOB_ID_PATTERN)
     name: str
     user: str

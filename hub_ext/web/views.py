@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import select
 
 from ... import contract as C
+from ..domain import endpoints
 from ..store import tables as D
 from . import schemas
 from .base import iso
@@ -42,7 +43,7 @@ def job(state: Any, row: Any, metrics: dict | None = None) -> dict:
         ckpt = {"latest": row.checkpoint_path, "at": iso(row.last_checkpoint_at)}
     out.update(parameters=row.parameters or {}, finished_at=iso(row.finished_at), attempts=row.attempt,
                metrics=metrics if metrics is not None else {}, checkpoint=ckpt, pods=int(row.pods or 1),
-               workers=workers(row), history=history(row))
+               workers=workers(row), history=history(row), **endpoints.view(row))
     return schemas.Job.model_validate(out).model_dump(exclude_unset=True)
 
 
