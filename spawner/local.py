@@ -23,6 +23,7 @@ import shutil
 from jupyterhub.spawner import LocalProcessSpawner, SpawnException
 from traitlets import Bool, Unicode, default
 
+from ..protocol import Env, with_startup_hook
 from .mixin import GPUPoolSpawnerMixin
 
 
@@ -95,6 +96,15 @@ class LocalGPUSpawner(GPUPoolSpawnerMixin, LocalProcessSpawner):
             os.chdir(home)
 
         return preexec
+
+    def get_env(self) -> dict:
+        """With a fraction of a GPU, gpupool's start-up hook first on ``PYTHONPATH`` (as every job
+        worker has it): the server's kernels tell PyTorch and TensorFlow the cap before they touch
+        the GPU (``protocol.with_startup_hook``; the server runs this very gpupool)."""
+        env = super().get_env()
+        if Env.GPU_MEMORY_FRACTION in (self.gpu_env or {}):
+            env = with_startup_hook(env)
+        return env
 
     def user_env(self, env):
         if self.system_users:

@@ -267,6 +267,11 @@ def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
     assert b_env["CUDA_VISIBLE_DEVICES"] == str(b_alloc["gpus"][0])
     assert a_env["CUDA_VISIBLE_DEVICES"] != b_env["CUDA_VISIBLE_DEVICES"]
     assert float(a_env["GPUPOOL_GPU_FRACTION"]) == 0.5
+    # its kernels tell their frameworks the cap (tier 1): the start-up hook comes first on the path
+    from gpupool.protocol import STARTUP_DIR
+
+    assert a_env["PYTHONPATH"].split(os.pathsep)[0] == STARTUP_DIR
+    assert STARTUP_DIR not in b_env.get("PYTHONPATH", "").split(os.pathsep)  # a whole GPU needs no cap
     assert a_env["HOME"].endswith("/home/alice") and os.path.isdir(a_env["HOME"])
     # `import gpupool` in the server finds the service: GPUPOOL_URL + the server's own token
     import requests
