@@ -98,7 +98,7 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     assert hub.api("GET", "workspaces/alice", alice).json()["status"] == "running"
     assert hub.api("GET", "suspensions", alice).json() == {"suspensions": []}
 
-    nvml_standin.write(hub.readings, [0.0, 0.0])  # nobody touches the GPUs any more
+    nvml_standin.write(hub.readings, [0.0, 0.0], used=0)  # nobody touches the GPUs any more (nor holds memory)
     sus = hub.wait_for(lambda: hub.api("GET", "suspensions", alice).json()["suspensions"], 20,
                        message="the idle workspace was not suspended")[0]
     assert sus["user"] == "alice" and sus["options"] == {"gpus": 1.0, "queue": "vision", "preemptible": False}

@@ -82,7 +82,8 @@ def test_the_dashboard_names_idle_held_gpus():
             {"id": "j-000002", "user": "bob", "queue": "q", "gpus": 1.0, "since": "2027-01-15T08:00:00Z",
              "action": "flag", "rule": "queue q's rule", "state": "idle"}]
     data = {"user": "admin", "admin": True, "now": "2027-01-15T09:00:00Z", "gpus_total": 2, "queues": [],
-            "timeline": [], "pending": [], "running": [], "idle": idle, "since_week": "2027-01-08T09:00:00Z"}
+            "timeline": [], "pending": [], "running": [], "idle": idle, "since_week": "2027-01-08T09:00:00Z",
+            "pools": [{"name": "default"}], "fairness": False, "policies": [], "idle_note": ""}
     total = {"allocated_gpu_hours": 0.0, "used_gpu_hours": None, "utilization": None, "workloads": 0}
     data["week"] = {by: {"rows": [], "total": dict(total, **{by: "total"})} for by in ("user", "queue")}
     try:

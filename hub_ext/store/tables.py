@@ -88,8 +88,9 @@ class Workload(Base):
     # replicas that answered, the restarts of its servers in the current attempt
     share: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
     endpoint_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    ready_replicas: Mapped[int] = mapped_column(Integer, default=0)
-    endpoint_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    # server defaults: a row written without them (an older service's, a migration) reads 0
+    ready_replicas: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    endpoint_restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     # AUTOINCREMENT on SQLite: an id (the public id, w-000001) is never handed out again after its
     # row is deleted (a released workspace), so the usage ledger, reservations and the loop's
