@@ -174,6 +174,15 @@ def test_over_committed_quotas_are_reported_per_pool():
     assert over_committed(queues) == ["in node pool h100: the children of 'd' deserve 3 gpu in all, more than its 2"]
 
 
+def test_the_summary_has_a_table_per_node_pool():
+    proc = run_cli(str(SCENARIOS / "pools_reclaim_stays_in_its_pool.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Per node pool" in out
+    rows = [line.split() for line in out[out.index("Per node pool"):].splitlines()[2:6]]
+    assert ["nlp", "h100", "8"] == rows[3][:3] and ["vision", "a100", "8"] == rows[0][:3]
+
+
 def test_pooled_reports_are_deterministic():
     d = data("pools_reclaim_stays_in_its_pool")
     a = without_timing(simulate(parse_scenario(d), seed=3, timeline=True))

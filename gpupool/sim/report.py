@@ -189,6 +189,12 @@ def format_summary(report: dict) -> str:
              f"{q['gpu_seconds'] / 3600:.2f}", str(q["preemptions"])] for q in report["queues"]]
     lines += _table(["queue", "deserved", "limit", "mean fair share", "mean allocated", "GPU-h", "preempted"], rows)
     lines.append("")
+    if any("pools" in q for q in report["queues"]):  # node pools: the same per pool
+        rows = [["  " * depth[q["name"]] + q["name"], pool, f"{p['deserved_gpu']:g}", f"{p['mean_fair_share_gpu']:.2f}",
+                 f"{p['mean_allocated_gpu']:.2f}"] for q in report["queues"] for pool, p in q["pools"].items()]
+        lines += ["Per node pool (the table above: deserved is the quota in pool default):"]
+        lines += _table(["queue", "pool", "deserved", "mean fair share", "mean allocated"], rows)
+        lines.append("")
     rows = [[kind, str(w["count"]), _dur(w["mean"]), _dur(w["p50"]), _dur(w["p95"]), str(w["never_started"])]
             for kind, w in m["wait"].items()]
     if rows:
