@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from .api import Client, ConnectionFailed, GPUPoolError, NotFound, connect
-from ..contract import (ACTIVE, ENDED, ENFORCEMENT_WORDS, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED, format_bytes,
-                        parse_bytes)
+from ..contract import (ACTIVE, ENDED, ENFORCEMENT_WORDS, JOB_KINDS, NODE_ACTIONS, STATUSES, SUCCEEDED,
+                        describe_allocation, format_bytes, parse_bytes)
 from .jobs import Job, attempt_words, build_body, marker, metrics_of, post_job, request_text, status_line
 
 
@@ -68,9 +68,18 @@ def _print_json(obj) -> None:
 
 
 def _alloc(j: dict) -> str:
-    """A table cell: ``box:0,1(1)``; contract.describe_allocation is the sentence form."""
-    return "; ".join(f'{a.get("node")}:{",".join(str(g) for g in a.get("gpus") or [])}({_num(a.get("fraction"))})'
-                     for a in j.get("allocation") or [])
+    """A table cell: ``box GPU 0,1; b2 GPU 3 (0.5)`` (contract.describe_allocation)."""
+    return describe_allocation(j.get("allocation"))
+
+
+def _cut(text: str, width: int = 100) -> str:
+    """``text`` in at most ``width`` characters, cut at a word with an ellipsis (``describe``
+    shows it whole)."""
+    if len(text) <= width:
+        return text
+    head = text[:width - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > width // 2 else head).rstrip(" ,;:") + "…"
 
 
 def parse_params(items: Sequence[str] | None) -> dict:
@@ -186,11 +195,11 @@ def cmd_list(args) -> int:
     else:
         rows = [(j.get("id"), j.get("name"), j.get("user"), j.get("queue"), j.get("kind"),
                  f'{j.get("status")} ({marker(j)})' if marker(j) else j.get("status"), _want(j), _alloc(j),
-                 (j.get("reason") or "")[:100]) for j in jobs]
+                 _cut(j.get("reason") or "")) for j in jobs]
         print(table(["ID", "NAME", "USER", "QUEUE", "KIND", "STATUS", "GPUS", "ON", "REASON"], rows))
     if spaces:
         rows = [(w.get("id"), w.get("user"), w.get("server") or "-", w.get("queue"), w.get("status"), _want(w),
-                 _alloc(w), _since(w.get("last_activity")), (w.get("reason") or "")[:100]) for w in spaces]
+                 _alloc(w), _since(w.get("last_activity")), _cut(w.get("reason") or "")) for w in spaces]
         print("\nnotebook servers (workspaces):")
         print(table(["ID", "USER", "SERVER", "QUEUE", "STATUS", "GPUS", "ON", "IDLE", "REASON"], rows))
     return 0
