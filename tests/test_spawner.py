@@ -437,7 +437,7 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
         cli = {"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": hub.token("alice")}
         res = run("list", env=cli)
         row = next(line for line in res.stdout.splitlines() if line.startswith(ws["id"]))
-        assert re.match(rf"{ws['id']} +alice +- +lab +running +1 +box:0\(1\) +\d+[smhd] ", row), res.stdout
+        assert re.match(rf"{ws['id']} +alice +- +lab +running +1 +box GPU 0 +\d+[smhd] ", row), res.stdout
         res = run("describe", ws["id"], env=cli)
         assert res.returncode == 0 and re.search(r"^gpus: +1 GPU$", res.stdout, re.M), res.stdout
         assert re.search(r"^last activity: .*\(idle \d+[smhd]\)$", res.stdout, re.M), res.stdout
