@@ -28,7 +28,7 @@ import operator
 from collections import Counter
 
 from .fairshare import EPS
-from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, QueueSpec, Snapshot, Workload
+from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, Snapshot, Workload
 from .reasons import IN_MOTION, Code, Pending
 
 Vec = tuple[float, float, float]
@@ -272,6 +272,3 @@ def _sum_pools(per_pool: dict[str, dict[str, dict[str, float]]]) -> dict[str, di
                 o[r] = o.get(r, 0.0) + v
     return out
 
-
-def queues_in(queues: list[QueueSpec], pool: str) -> list[QueueSpec]:
-    return [q.in_pool(pool) for q in queues]
