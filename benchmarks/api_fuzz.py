@@ -1,7 +1,7 @@
 """A long schemathesis run against the real service behind a real hub (goal: no 5xx and every answer
 as the OpenAPI document says, over 10,000 generated requests).
 
-The same generator and checks as tests/test_api_fuzz.py (which runs ~1,200 cases in `make test`):
+The same generator and checks as tests/hub/test_api_fuzz.py (which runs ~1,200 cases in `make test`):
 requests generated from ``GET api/v1/openapi.json``, valid and invalid in equal parts, with the
 tokens of alice, bob and an admin in turn. Prints the answers by status and the rate.
 
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from api_fuzzing import TRACEBACK, fuzz_hub, run_schemathesis  # noqa: E402
 
 

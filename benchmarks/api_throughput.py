@@ -1,6 +1,6 @@
 """Job submissions per second accepted *and persisted* by the gpupool service (goal: >= 500/s).
 
-Starts a real JupyterHub + proxy + the gpupool service (tests/hub_harness.py) in a temporary
+Starts a real JupyterHub + proxy + the gpupool service (tests/support/hub_harness.py) in a temporary
 directory, then POSTs ``--jobs`` small notebook jobs from ``--clients`` concurrent keep-alive HTTP
 connections (spread over ``--procs`` client processes) with a real JupyterHub token, directly to
 the service (``--proxy``: through configurable-http-proxy). Each 201 means the row is committed to
@@ -44,7 +44,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 sys.path.insert(0, str(HERE))
 from hub_harness import Hub, notebook  # noqa: E402
 

@@ -16,7 +16,7 @@ Checks, each reported as ok / FAILED / skipped (with why):
   which gpupool calls ``held`` (``contract.gpu_state``), then ``busy`` while it computes.
 
 Where there is no GPU, ``cap`` and ``idle-held`` are skipped and ``tier`` and ``readings`` run
-against the module given (tests/test_gpu_check.py runs it so). Exit status 1 when a check failed.
+against the module given (tests/local/test_gpu_check.py runs it so). Exit status 1 when a check failed.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Admission overhead the GPU-aware spawner adds to a server start.
 
-Starts a real JupyterHub + proxy + gpupool service (tests/hub_harness.py; 2 nodes x 4 GPUs, one
+Starts a real JupyterHub + proxy + gpupool service (tests/support/hub_harness.py; 2 nodes x 4 GPUs, one
 queue) and measures, with a free GPU each time:
 
 * ``service``: POST workspaces/{user} -> GET until ``running``, polled every 2 ms (the service's
@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from hub_harness import Hub  # noqa: E402
 from traitlets.config import Config  # noqa: E402

@@ -39,7 +39,7 @@ class BaseHandler(web.RequestHandler):
 
     def need(self) -> Need:
         need = need_of(self, self.request.method or "")
-        if need is None:  # a method without a declaration is a bug (tests/test_layers.py checks every route)
+        if need is None:  # a method without a declaration is a bug (tests/hub/test_layers.py checks every route)
             raise web.HTTPError(405)
         return need
 

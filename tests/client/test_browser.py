@@ -20,15 +20,11 @@ import nbformat
 import pytest
 import requests
 
+from browser_harness import ARGS, ARTIFACTS, CHROMIUM
 from hub_harness import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"
 
 
 def _pids_with(marker: bytes) -> list[int]:

@@ -2,34 +2,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from hub_harness import notebook
-from conftest import PASSWORD
-from test_client import _dead_port
+from gpupool_cli import run
+from hub_harness import dead_port, notebook
+from shared_hub import PASSWORD
 
-REPO = Path(__file__).resolve().parents[1]
-
-GPUPOOL = str(Path(sys.executable).parent / "gpupool")
-
-
-def run(*args, env=None, timeout=120, cwd=None, input=None):
-    e = dict(os.environ)
-    for k in ("GPUPOOL_URL", "GPUPOOL_TOKEN", "GPUPOOL_API_URL", "GPUPOOL_API_TOKEN", "JUPYTERHUB_API_URL",
-              "JUPYTERHUB_API_TOKEN", "JUPYTERHUB_PUBLIC_HUB_URL"):
-        e.pop(k, None)
-    e["GPUPOOL_CLIENT_CONFIG"] = "/nonexistent/gpupool.json"
-    e.update(env or {})
-    res = subprocess.run([GPUPOOL, *args], capture_output=True, text=True, env=e, timeout=timeout, cwd=cwd,
-                         input=input)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +32,7 @@ def test_usage_errors_exit_2_without_traceback():
 
 
 def test_unreachable_service_and_missing_config_exit_1(tmp_path):
-    port = _dead_port()
+    port = dead_port()
     res = run("sweep", "train.ipynb", "--objective", "acc", "--space", "lr=1,2", "--url", f"http://127.0.0.1:{port}",
               cwd=tmp_path)
     assert res.returncode == 1 and "cannot reach the gpupool service" in res.stderr and "Is the hub running?" in res.stderr

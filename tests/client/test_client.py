@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import warnings
@@ -13,14 +12,7 @@ import requests
 import gpupool
 from gpupool.client import api, config
 from gpupool.client.jobs import build_body, metrics_of
-
-
-def _dead_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    return port
+from hub_harness import dead_port
 
 
 # -- pure ----------------------------------------------------------------------------------------
@@ -79,7 +71,7 @@ def test_no_configuration_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_connection_refused_names_the_url():
-    port = _dead_port()
+    port = dead_port()
     with pytest.raises(gpupool.ConnectionFailed) as e:
         gpupool.connect(url=f"http://127.0.0.1:{port}", token="t")
     assert f"127.0.0.1:{port}" in str(e.value) and "connection refused" in str(e.value)
@@ -305,7 +297,7 @@ def test_the_demo_welcome_notebook_runs_as_written(hub, tmp_path):
 
     import papermill
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     shutil.copy(root / "examples" / "train_checkpoint.ipynb", tmp_path / "train.ipynb")
     token = hub.token("alice")
     env = {"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": token, "GPUPOOL_CLIENT_CONFIG": str(tmp_path / "none.json")}

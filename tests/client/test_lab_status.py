@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import requests
@@ -20,7 +19,6 @@ from gpupool.lab.status import short_model, status, workspace_share
 from gpupool.lab.tensorboard import link_jobs
 from gpupool.protocol import JobDir, gpu_env
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_harness import free_port  # noqa: E402
 
 H100 = {"name": "box", "gpu_model": "NVIDIA H100 80GB HBM3",

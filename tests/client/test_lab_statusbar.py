@@ -1,6 +1,6 @@
 """The pool in JupyterLab's status bar, and TensorBoard from the launcher, in headless Chromium.
 
-A real hub (tests/hub_harness.py) with LocalGPUSpawner starts alice's JupyterLab on half a GPU of
+A real hub (tests/support/hub_harness.py) with LocalGPUSpawner starts alice's JupyterLab on half a GPU of
 a declared H100 node; the browser logs in, opens /user/alice/lab and reads the status-bar item
 (share, model and alice's queued job), clicks it for the queue panel, then opens TensorBoard from
 the launcher on alice's own job logs. bob's server (no GPU) answers "CPU only" through the hub.
@@ -13,18 +13,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from browser_harness import ARGS, ARTIFACTS, CHROMIUM
+from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixtures)
 
-from hub_harness import Hub, hub_leak_check  # noqa: E402,F401 (leak check fixtures)
-
-from gpupool.protocol import JobDir  # noqa: E402
+from gpupool.protocol import JobDir
 
 pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 
 

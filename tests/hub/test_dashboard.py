@@ -3,12 +3,11 @@ client hub: JupyterHub OAuth, admins see everything, users their own work and th
 drawn by the vendored Chart.js; CSV download. Screenshots: test-artifacts/dashboard-*.png."""
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
 
-from test_browser import ARGS, ARTIFACTS, CHROMIUM
+from browser_harness import ARTIFACTS, CHROMIUM, chromium, open_dashboard
 
 pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.slow]
 
@@ -33,48 +32,6 @@ def workloads(hub):
     for j in ids:
         hub.wait_job(tok, j, {"cancelled"}, 60)
     hub.wait_for(lambda: not hub.api("GET", f"jobs/{ids[0]}", tok).json()["allocation"], 30)
-
-
-@contextlib.contextmanager
-def chromium():
-    """Headless Debian Chromium through Playwright (skips the test when it is not installed)."""
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (run `make browser-deps` or apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-def login(browser, hub, user: str):
-    """A new page logged in to the hub as ``user`` (the dummy authenticator; the shared hub sets
-    its password, conftest.PASSWORD), at 1280x800."""
-    from conftest import PASSWORD
-
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
-    page.goto(hub.hub_url + "hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("#login_submit")
-    return page
-
-
-def open_dashboard(browser, hub, user: str):
-    page = login(browser, hub, user)
-    page.goto(hub.hub_url + "services/gpupool/")  # JupyterHub OAuth, then the page
-    try:
-        page.wait_for_selector("#queues-chart", timeout=30_000)
-    except Exception:
-        raise AssertionError(f"{user}: no dashboard at {page.url}:\n{page.content()[:3000]}\n"
-                             f"{hub.service_log()[-3000:]}") from None
-    page.wait_for_function("() => ['queues-chart', 'timeline-chart'].every("
-                           "id => Chart.getChart(document.getElementById(id)) !== undefined)", timeout=10_000)
-    return page
 
 
 def test_dashboard_admin_sees_everything_users_their_own(hub, workloads):

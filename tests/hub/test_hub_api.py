@@ -29,7 +29,7 @@ for _role in c.JupyterHub.load_roles:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     # workspaces here are requested through the API with no server behind them: no reconciling with
-    # the hub's servers (tests/test_spawner.py tests that with real servers)
+    # the hub's servers (tests/spawner/test_spawner.py tests that with real servers)
     # dave holds the gpupool-admin role (custom:gpupool:admin) without being a JupyterHub admin
     h = Hub(tmp_path_factory.mktemp("api"), gpupool={"queues": QUEUES, "nodes": NODES, "workspace_reconcile_seconds": 0},
             users=["alice", "bob", "carol", "dave"], admins=["admin"], groups={"nlp": ["bob"]},

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -15,104 +14,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+from demo_process import GPUPOOL, HubProcess, free_port_block, process_tree
 
-
-def _free_block(n: int = 4, lo: int = 18700, hi: int = 18990) -> int:
-    """A base port with ``n`` consecutive free ports (the demo uses port .. port+3)."""
-    for base in range(lo + (os.getpid() % 50) * 4, hi, 4):
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state, ppid, ..., starttime at [19])."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot): with the pid, it names one process for good
-    (pids wrap: pid_max is 32768 here, so a pid alone may later be someone else's process)."""
-    fields = _stat(pid)
-    try:
-        return int(fields[19]) if fields else None
-    except (IndexError, ValueError):
-        return None
-
-
-def _children(pid: int) -> dict[int, int]:
-    """All descendants of ``pid`` (from /proc), each with its start time."""
-    parents: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            fields = _stat(int(d))
-            try:
-                ppid = int(fields[1]) if fields else None
-            except (IndexError, ValueError):
-                continue
-            if ppid is not None:
-                parents.setdefault(ppid, []).append(int(d))
-    out: dict[int, int] = {}
-    todo = [pid]
-    while todo:
-        for c in parents.get(todo.pop(), []):
-            started = _start_time(c)
-            if c not in out and started is not None:
-                out[c] = started
-                todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")
-
-
-def _still_ours(pid: int, started: int) -> bool:
-    """``pid`` is alive and is the very process recorded (same start time), not a reused pid."""
-    return _alive(pid) and _start_time(pid) == started
-
-
-def _kill_if_ours(pid: int, started: int) -> bool:
-    """SIGKILL ``pid`` only if it is still the process recorded. The pidfd pins the process: once it
-    is open and the start time matches, the signal cannot reach another process, even if the pid is
-    reused meanwhile."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        return False
-    try:
-        if not _still_ours(pid, started):
-            return False
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(fd)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_config_declared_and_real_gpus(tmp_path):
     from gpupool.hub_ext import demo_config
     from gpupool.hub_ext.config import load
-    from test_nvml import FakeNVML, device
+    from nvml_standin import FakeNVML, device
     from traitlets.config.loader import PyFileConfigLoader
 
     assert demo_config.nodes_for("declared") == demo_config.DEMO_NODES
@@ -175,54 +85,10 @@ def test_cli_errors_are_messages(tmp_path):
     assert res.returncode == 2 and "NVML finds no GPU" in res.stderr  # this machine has none
 
 
-class HubProcess:
-    """``gpupool hub ...`` run in its own session with its output in a file; ``stop()`` sends what
-    Ctrl-C sends, then kills whatever it left running (only processes recorded with their start time)."""
-
-    def __init__(self, args: list[str], cwd: Path):
-        self.log = open(cwd / "hub.log", "w+")
-        self.proc = subprocess.Popen([GPUPOOL, "hub", *args], cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.descendants: dict[int, int] = {}  # pid -> start time: what we may kill at the end
-        self.rc: int | str | None = None
-        self.leftovers: list[int] = []
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def wait_output(self, text: str, timeout: float = 90) -> str:
-        deadline = time.monotonic() + timeout
-        while text not in (out := self.output()) and time.monotonic() < deadline and self.proc.poll() is None:
-            self.descendants.update(_children(self.proc.pid))
-            time.sleep(0.3)
-        assert text in out, out[-3000:]
-        return out
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # what Ctrl-C does
-        try:
-            self.rc = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session and group (start_new_session), not reaped yet
-            self.proc.wait()
-            self.rc = "killed"
-        time.sleep(0.5)
-        # the hub, its proxy, service and servers run in sessions of their own: kill each one left,
-        # but only while it is provably the process recorded (pid + start time)
-        self.leftovers = [p for p, started in self.descendants.items() if _still_ours(p, started)]
-        for p in self.leftovers:
-            _kill_if_ours(p, self.descendants[p])
-        out = self.output()
-        self.log.close()
-        return out
-
-
 @pytest.mark.hub
 @pytest.mark.slow
 def test_demo_hub_comes_up_and_stops(tmp_path):
-    port = _free_block()
+    port = free_port_block()
     hub = HubProcess(["--demo", "--port", str(port)], tmp_path)
     proc, descendants = hub.proc, hub.descendants
     try:
@@ -230,7 +96,7 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         deadline = time.monotonic() + 90
         status = None
         while time.monotonic() < deadline and proc.poll() is None:
-            descendants.update(_children(proc.pid))
+            descendants.update(process_tree(proc.pid))
             try:
                 with urllib.request.urlopen(f"{base}/hub/login", timeout=3) as r:
                     status = r.status
@@ -305,7 +171,7 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
         # the gpupool service answers through the proxy
         with urllib.request.urlopen(f"{base}/services/gpupool/api/v1/health", timeout=10) as r:
             assert json.loads(r.read())["ok"] is True
-        descendants.update(_children(proc.pid))
+        descendants.update(process_tree(proc.pid))
         assert descendants, "the hub runs as a child process"
     finally:
         out = hub.stop()
@@ -341,7 +207,7 @@ def test_config_check_prints_one_line_per_problem_and_runs_before_start(tmp_path
         f"gpupool hub: {cfg.name}: c.GPUPool.queues[1].deserved.gpu: must be >= 0",
         f"gpupool hub: {cfg.name}: c.GPUPool.kill_after: must be >= 0"]
     # the same check stops `gpupool hub` before JupyterHub starts (no traceback, nothing created)
-    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--port", str(_free_block(1))], capture_output=True,
+    res = subprocess.run([GPUPOOL, "hub", "--config", cfg.name, "--port", str(free_port_block(1))], capture_output=True,
                          text=True, cwd=tmp_path, timeout=60)
     assert res.returncode == 1 and "no such setting" in res.stderr and "not starting JupyterHub" in res.stderr
     assert "Traceback" not in res.stderr and sorted(p.name for p in tmp_path.iterdir()) == [cfg.name]
@@ -377,7 +243,7 @@ def test_config_hub_listens_where_the_banner_says(tmp_path):
     banner and --help say; the start-up log has none of the old noise."""
     import psutil
 
-    port = _free_block()
+    port = free_port_block()
     cfg = tmp_path / "jupyterhub_config.py"
     cfg.write_text(f"""from gpupool.hub_ext import configure
 c = get_config()  # noqa

@@ -158,7 +158,7 @@ def test_the_example_serves_the_checkpoint_the_example_notebook_saved(hub):
     import nbformat
 
     alice = hub.token("alice")
-    root = Path(__file__).resolve().parents[1] / "examples"
+    root = Path(__file__).resolve().parents[2] / "examples"
     shutil.copy(root / "serve_model.py", hub.home("alice") / "serve_model.py")
     nb = nbformat.read(str(root / "train_checkpoint.ipynb"), 4)
     r = hub.api("POST", "jobs", alice, json={"notebook_content": nb, "parameters": {"steps": 3, "step_seconds": 0}})

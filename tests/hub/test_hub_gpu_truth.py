@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from gpupool_cli import cli
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixtures)
-from test_hub_nodes import cli
 
 pytestmark = pytest.mark.hub
 

@@ -3,22 +3,18 @@ CLI, a drain under a checkpointing job that resumes on another node, a failure t
 work since the last checkpoint, a workspace on a failed node, and a GPU that NVML no longer lists."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixtures)
-from test_service_restart import ledger
+from gpupool_cli import cli
+from hub_harness import Hub, hub_leak_check, ledger  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
 
-ROOT = Path(__file__).resolve().parents[1]
-GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+ROOT = Path(__file__).resolve().parents[2]
 NODES = [{"name": "a", "gpus": 1, "gpu_memory": "16Gi"}, {"name": "b", "gpus": 1, "gpu_memory": "16Gi"}]
 
 # a training script that saves a checkpoint every `save_every` steps (gpupool.checkpoint) and records
@@ -62,14 +58,6 @@ def steps_of(path: Path) -> list[tuple[int, int]]:
 
 def nodes(hub, token=None) -> dict[str, dict]:
     return {n["name"]: n for n in hub.api("GET", "nodes", token or hub.admin_token).json()["nodes"]}
-
-
-def cli(hub, *args, token):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "JUPYTERHUB_"))}
-    env.update(GPUPOOL_URL=hub.hub_url, GPUPOOL_TOKEN=token, GPUPOOL_CLIENT_CONFIG="/nonexistent/gpupool.json")
-    res = subprocess.run([GPUPOOL, *args], capture_output=True, text=True, env=env, timeout=60)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res
 
 
 def test_an_admin_takes_a_node_out_and_back_through_the_api_and_the_cli(hub):

@@ -33,12 +33,12 @@ REFUSED = "gpus: queue vision allows at most 2 GPUs per train job (policy of que
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("policies")
-    from conftest import PASSWORD
-    from test_spawner import _extra
+    from shared_hub import PASSWORD
+    from spawner_harness import spawner_config
 
     with Hub(tmp, gpupool={"nodes": [{"name": "box", "gpus": 4, "gpu_memory": "24Gi"}], "queues": QUEUES},
              users=["alice", "bob"], admins=["admin"],
-             extra_config=_extra(tmp) + f"c.DummyAuthenticator.password = {PASSWORD!r}\n") as h:
+             extra_config=spawner_config(tmp) + f"c.DummyAuthenticator.password = {PASSWORD!r}\n") as h:
         nbformat.write(nbformat.from_dict(notebook("x = 1")), str(h.home("alice") / "tiny.ipynb"))
         yield h
 
@@ -147,7 +147,7 @@ def test_the_cli_and_a_sweep_print_the_refusal(hub, tmp_path):
 def test_the_dashboard_is_in_the_hubs_menu_shows_the_policies_and_refreshes_itself(hub):
     """In Chromium: the hub's Services menu links the dashboard; it lists the effective policies, names
     an unnamed server without a stray slash, and its numbers (the header's time) refresh by themselves."""
-    from test_dashboard import ARTIFACTS, chromium, login
+    from browser_harness import ARTIFACTS, chromium, login
 
     r = hub.api("POST", "workspaces/alice", hub.service_token, json={"queue": "vision"})
     assert r.status_code == 201, r.text
@@ -183,8 +183,8 @@ def test_the_dashboard_is_in_the_hubs_menu_shows_the_policies_and_refreshes_itse
 def test_the_spawn_page_offers_only_what_the_policy_allows_and_preselects_its_defaults(hub):
     """In Chromium: the GPU menu follows the chosen queue's policy and pre-selects its defaults; a start
     that keeps them gets them; a value beyond the limit (forced into the form) is refused, naming the rule."""
-    from test_dashboard import ARTIFACTS, chromium, login
-    from test_spawner import _server
+    from browser_harness import ARTIFACTS, chromium, login
+    from spawner_harness import user_server
 
     with chromium() as browser:
         page = login(browser, hub, "alice")
@@ -213,7 +213,7 @@ def test_the_spawn_page_offers_only_what_the_policy_allows_and_preselects_its_de
         page.click("input[type=submit], button[type=submit]")
         rule = "queue vision allows at most 1 GPU per workspace (policy of department research)"
         page.wait_for_function(f"() => document.body.innerText.includes({rule!r})", timeout=30_000)
-        hub.wait_for(lambda: _server(hub, "alice") is None, 30)
+        hub.wait_for(lambda: user_server(hub, "alice") is None, 30)
 
         # the defaults as pre-selected: the server gets them
         page.goto(hub.hub_url + "hub/spawn")
@@ -230,14 +230,14 @@ def test_the_spawn_page_offers_only_what_the_policy_allows_and_preselects_its_de
 
 def got_the_defaults(hub):
     """alice's server starts with vision's workspace defaults (then it is stopped)."""
-    from test_spawner import _stop, _wait_ready
+    from spawner_harness import stop_server, wait_server_ready
 
-    _wait_ready(hub, "alice")
+    wait_server_ready(hub, "alice")
     try:
         ws = hub.api("GET", "workspaces/alice", hub.service_token).json()
         assert (ws["queue"], ws["gpus"], ws["preemptible"]) == ("vision", 0.5, True)
     finally:
-        _stop(hub, "alice")
+        stop_server(hub, "alice")
 
 
 LOOSER = """

@@ -3,7 +3,7 @@ checks, a request's ``pools`` (its own, or the preference of its kind), the colu
 them (an existing database gains it, nothing lost), the cycle worker handing them to the core,
 the ledger's pool and ``report --by pool``, and the service's usage history (fairness over time).
 
-These tests drive the real loop and submissions in process (no hub); tests/test_hub_pools_real.py
+These tests drive the real loop and submissions in process (no hub); tests/hub/test_hub_pools_real.py
 runs a real hub."""
 from __future__ import annotations
 
@@ -444,7 +444,7 @@ def test_the_admin_guide_pool_and_fairness_examples_pass_the_check():
 
     from traitlets.config import Config
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "admin.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "admin.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text[text.index("## 7. Node pools"):text.index("## Sizes")], re.S)
     assert len(blocks) == 2
     c = Config()

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
-from test_cli import run
-from test_spawner import _extra, _start, _stop, _wait_ready, _workspace
+from gpupool_cli import run
+from spawner_harness import spawner_config, start_server, stop_server, wait_server_ready, workspace_of
 
 pytestmark = pytest.mark.hub
 
@@ -32,12 +32,13 @@ def _iso(t: str) -> float:
 def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_pool(tmp_path):
     gp = {"nodes": NODES, "queues": QUEUES,
           "pool_preference": {"interactive": ["build", "train"], "train": ["train", "build"]}}
-    with Hub(tmp_path, gpupool=gp, users=["alice", "bob"], admins=["admin"], extra_config=_extra(tmp_path)) as hub:
+    with Hub(tmp_path, gpupool=gp, users=["alice", "bob"], admins=["admin"],
+             extra_config=spawner_config(tmp_path)) as hub:
         alice = hub.token("alice")
         # a workspace through the real spawner: the build environment (its kind's preference)
-        _start(hub, "alice", {"gpus": 1, "queue": "vision"})
-        _wait_ready(hub, "alice")
-        ws = _workspace(hub, "alice")
+        start_server(hub, "alice", {"gpus": 1, "queue": "vision"})
+        wait_server_ready(hub, "alice")
+        ws = workspace_of(hub, "alice")
         assert ws["pools"] == ["build", "train"] and [p["node"] for p in ws["allocation"]] == ["small"]
         # jobs: the train environment by default; a job naming the build pool; one through the CLI
         j1 = hub.api("POST", "jobs", alice, json={"command": SLEEP, "gpus": 2}).json()
@@ -73,7 +74,7 @@ def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_po
         # everything ends: the waiting job runs once the others finish
         done = [hub.wait_job(alice, j["id"], {"succeeded"}, timeout=90) for j in (j1, j2, j3, j4)]
         assert done[3]["workers"][0]["node"] == "big"  # where it ran: its pool, train
-        _stop(hub, "alice")
+        stop_server(hub, "alice")
         # the report by pool: each pool's GPU-hours are its jobs' (and the workspace's) GPUs x time
         since = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%d")
         admin = {"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": hub.admin_token}

@@ -6,16 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hub_harness import Hub, hub_leak_check  # noqa: E402,F401 (leak check fixture)
-from test_hub_demo import GPUPOOL, HubProcess, _children, _free_block  # noqa: E402
+from demo_process import GPUPOOL, HubProcess, free_port_block, process_tree
+from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
@@ -35,7 +32,7 @@ def _login(base: str, user: str) -> tuple[requests.Session, str]:
 def _ctrl_c(hub: HubProcess, within: float) -> float:
     """What a terminal's Ctrl-C does: SIGINT to every process of the foreground group. Returns how
     long the launcher took to exit (at most ``within`` seconds, else the test fails)."""
-    hub.descendants.update(_children(hub.proc.pid))
+    hub.descendants.update(process_tree(hub.proc.pid))
     t0 = time.monotonic()
     os.killpg(hub.proc.pid, signal.SIGINT)
     try:
@@ -46,7 +43,7 @@ def _ctrl_c(hub: HubProcess, within: float) -> float:
 
 
 def test_ctrl_c_to_the_demo_group_stops_it_in_order_and_frees_the_servers_gpus(tmp_path):
-    port = _free_block()
+    port = free_port_block()
     base = f"http://127.0.0.1:{port}"
     args = ["--demo", "--port", str(port), "--gpus", "declared"]
     hubs = [HubProcess(args, tmp_path)]
@@ -116,7 +113,7 @@ def test_a_second_hub_on_the_same_service_port_stops_at_start_naming_the_setting
         assert f"c.GPUPool.port: 127.0.0.1:{first.ports['service']} is in use" in str(e.value), str(e.value)[-3000:]
         assert second.leftover_processes() == []
         # `gpupool hub --config` says so before it starts JupyterHub
-        res = subprocess.run([GPUPOOL, "hub", "--config", str(second.config_file), "--port", str(_free_block(1))],
+        res = subprocess.run([GPUPOOL, "hub", "--config", str(second.config_file), "--port", str(free_port_block(1))],
                              capture_output=True, text=True, cwd=second.dir, timeout=60)
         assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
         assert res.stderr.strip().endswith(f"c.GPUPool.port: 127.0.0.1:{first.ports['service']} is in use (another "

@@ -57,7 +57,7 @@ def test_rules_are_inherited_and_a_child_may_only_tighten():
 
 def resume_from_home_page(hub, user: str, reason: str) -> None:
     """Log in as ``user`` in headless Chromium, check the home page's notice, click Resume."""
-    from test_dashboard import ARTIFACTS, chromium, login
+    from browser_harness import ARTIFACTS, chromium, login
 
     with chromium() as browser:
         page = login(browser, hub, user)
@@ -74,24 +74,24 @@ def resume_from_home_page(hub, user: str, reason: str) -> None:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     import nvml_standin
-    from test_spawner import _extra
+    from spawner_harness import spawner_config
 
     tmp = tmp_path_factory.mktemp("idle")
     gp = {"nodes": None, "nvml_module": "nvml_standin", "usage_sample_seconds": 0.2, "idle_window_seconds": 0.5,
           "queues": QUEUES, "idle_rules": {"*": {"interactive": {"after": 3}}}}
     with nvml_standin.for_services(tmp / "nvml.json", [50.0, 50.0]) as readings, \
-            Hub(tmp, gpupool=gp, users=["alice"], admins=["admin"], extra_config=_extra(tmp), managed=False) as h:
+            Hub(tmp, gpupool=gp, users=["alice"], admins=["admin"], extra_config=spawner_config(tmp), managed=False) as h:
         h.readings = readings
         yield h
 
 
 def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     import nvml_standin
-    from test_spawner import _server, _start, _wait_ready
+    from spawner_harness import start_server, user_server, wait_server_ready
 
     alice = hub.token("alice")
-    _start(hub, "alice", {"gpus": 1, "queue": "vision"})
-    _wait_ready(hub, "alice")
+    start_server(hub, "alice", {"gpus": 1, "queue": "vision"})
+    wait_server_ready(hub, "alice")
     ws = hub.api("GET", "workspaces/alice", alice).json()
     assert ws["status"] == "running" and ws["gpus"] == 1
     time.sleep(4)  # longer than the rule, but the GPU is busy (50 %): nothing happens
@@ -107,7 +107,7 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     # its GPU is back at once, and the spawner stops the server (its files stay)
     gpus = hub.api("GET", "nodes", hub.admin_token).json()["nodes"][0]["gpus"]
     assert all(g["allocated"] == 0 for g in gpus), gpus
-    hub.wait_for(lambda: _server(hub, "alice") is None, 20, message="the suspended server kept running")
+    hub.wait_for(lambda: user_server(hub, "alice") is None, 20, message="the suspended server kept running")
     db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
     [(reason, end)] = db.execute("SELECT end_reason, \"end\" FROM usage WHERE workload = ?", (ws["id"],)).fetchall()
     db.close()
@@ -118,7 +118,7 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     # the hub's home page says why, and resumes it with the same options in one click (Chromium)
     nvml_standin.write(hub.readings, [50.0, 50.0])
     resume_from_home_page(hub, "alice", sus["reason"])
-    _wait_ready(hub, "alice")
+    wait_server_ready(hub, "alice")
     ws2 = hub.api("GET", "workspaces/alice", alice).json()
     assert (ws2["status"], ws2["gpus"], ws2["queue"], ws2["preemptible"]) == ("running", 1, "vision", False)
     assert ws2["id"] != ws["id"]
@@ -130,11 +130,11 @@ def test_idle_workspace_is_suspended_and_resumed_with_the_same_options(hub):
     # idle again: suspended again, and this time resumed through the API (an admin for alice)
     nvml_standin.write(hub.readings, [0.0, 0.0])
     sus2 = hub.wait_for(lambda: hub.api("GET", "suspensions", alice).json()["suspensions"], 20)[0]
-    hub.wait_for(lambda: _server(hub, "alice") is None, 20, message="the suspended server kept running")
+    hub.wait_for(lambda: user_server(hub, "alice") is None, 20, message="the suspended server kept running")
     nvml_standin.write(hub.readings, [50.0, 50.0])
     r = hub.api("POST", f"suspensions/{sus2['id']}/resume", hub.token("admin"))
     assert r.status_code == 202, r.text
-    _wait_ready(hub, "alice")
+    wait_server_ready(hub, "alice")
     ws3 = hub.api("GET", "workspaces/alice", alice).json()
     assert (ws3["status"], ws3["gpus"], ws3["queue"]) == ("running", 1, "vision")
     listed = hub.api("GET", "suspensions?all=1", alice)

@@ -4,9 +4,9 @@ utilisation history, the idle rules (their reason, the dashboard's list) and per
 from __future__ import annotations
 
 from gpupool.contract import GPU_BUSY, GPU_HELD, GPU_IDLE, HELD_MEMORY, gpu_state
+from hubless_service import QUEUES, service_parts
 
 GiB = 2**30
-QUEUES = [{"name": "q", "deserved": {"gpu": 2}}]
 
 
 def test_the_state_of_a_reading():
@@ -14,21 +14,6 @@ def test_the_state_of_a_reading():
     assert gpu_state(3.0, 0) == GPU_BUSY and gpu_state(3.0, 8 * GiB) == GPU_BUSY
     assert gpu_state(0.0, 300 * 2**20) == GPU_IDLE  # a CUDA context alone is not holding the GPU
     assert gpu_state(0.0, HELD_MEMORY) == GPU_HELD and gpu_state(0.0, 8 * GiB) == GPU_HELD
-
-
-def service_parts(tmp_path, nodes, queues, idle_rules):
-    """What the idle check and the sampler need, without a hub: the settings, the database's
-    sessions and the loop (the ledger follows its rows)."""
-    from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import store as D
-    from gpupool.hub_ext.config import load as load_config
-    from gpupool.hub_ext.runtime.loop import SchedulerLoop
-
-    settings = load_config({"nodes": nodes, "queues": queues, "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
-                            "job_root": str(tmp_path / "jobs"), "work_dir": str(tmp_path), "run_as_user": False,
-                            "idle_rules": idle_rules}, discover=False)
-    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
-    return settings, sessions, SchedulerLoop(settings, sessions, LocalBackend())
 
 
 async def test_an_idle_held_gpu_is_told_apart_by_the_rules_and_the_history(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HUB_EXT = ROOT / "hub_ext"
 PACKAGE = "gpupool.hub_ext"
 LAYERS = ("store", "domain", "runtime", "web")  # lowest first; anything else in hub_ext/ is the top

@@ -13,7 +13,7 @@ from gpupool.backends.base import EXITED, LOST, RunState
 from gpupool.contract import StopCause
 from gpupool.hub_ext.domain import lifecycle as L
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ALLOC = [{"pod": 0, "node": "box", "gpus": [0], "fraction": 1.0}]
 
 

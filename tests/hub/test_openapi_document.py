@@ -1,5 +1,5 @@
 """The OpenAPI document (``GET api/v1/openapi.json``) is what clients are generated from: a change
-to it must be deliberate. It is compared with the committed copy in tests/fixtures/openapi.json;
+to it must be deliberate. It is compared with the committed copy in tests/hub/fixtures/openapi.json;
 regenerate that file (see below) only for a change you mean, and say so in the commit.
 
     .venv/bin/python -c "import tests.test_openapi_document as t; t.regenerate()"

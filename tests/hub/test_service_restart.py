@@ -13,11 +13,11 @@ import pytest
 
 from gpupool.scheduler.reasons import Code
 
-from hub_harness import Hub, _environ, hub_leak_check  # noqa: F401 (leak check fixtures)
+from hub_harness import Hub, _environ, hub_leak_check, ledger  # noqa: F401 (leak check fixtures)
 
 pytestmark = pytest.mark.hub
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pids_of(hub: Hub, job_id: str) -> list[int]:
@@ -43,15 +43,6 @@ def check_no_double_allocation(hub: Hub, token: str) -> None:
 
 def steps(path: Path) -> list[tuple[int, int]]:
     return [(int(a), int(s)) for a, s in re.findall(r"attempt=(\d+) step=(\d+)", path.read_text())]
-
-
-def ledger(hub: Hub, job_id: str) -> list[dict]:
-    """The usage records of one job (hub_ext/store/ledger.py), oldest first."""
-    db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
-    db.row_factory = sqlite3.Row
-    rows = [dict(r) for r in db.execute('SELECT * FROM usage WHERE workload = ? ORDER BY id', (job_id,))]
-    db.close()
-    return rows
 
 
 def test_sigkill_and_restart_loses_nothing(tmp_path):

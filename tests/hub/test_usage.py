@@ -17,7 +17,7 @@ import pytest
 
 from api_fuzzing import check_documented
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
-from test_cli import run
+from gpupool_cli import run
 
 pytestmark = pytest.mark.hub
 
@@ -285,7 +285,7 @@ async def test_ledger_repairs_at_start_and_names_why_an_interval_ended(tmp_path)
 
 @pytest.fixture(scope="module")
 def nvml_hub(tmp_path_factory):
-    """A real hub whose GPUs come from NVML: the pynvml stand-in (tests/nvml_standin.py) with two
+    """A real hub whose GPUs come from NVML: the pynvml stand-in (tests/support/nvml_standin.py) with two
     GPUs, read every 0.2 s."""
     import nvml_standin
 
@@ -372,8 +372,7 @@ def dashboard_with_readings(hub, workspace: str) -> None:
     admin): everything, and a "used" line drawn from NVML readings."""
     import os
 
-    from test_browser import CHROMIUM
-    from test_dashboard import ARTIFACTS, chromium, open_dashboard
+    from browser_harness import ARTIFACTS, CHROMIUM, chromium, open_dashboard
 
     if not os.path.exists(CHROMIUM):
         return  # the browser part is skipped without Chromium (test_dashboard says so)

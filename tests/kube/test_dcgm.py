@@ -1,5 +1,5 @@
 """Utilisation on Kubernetes (gpupool/backends/dcgm.py): the DCGM exporter's metrics read through
-a real Prometheus server (tests/dcgm_standin.py: Debian's prometheus scraping a stand-in exporter
+a real Prometheus server (tests/support/dcgm_standin.py: Debian's prometheus scraping a stand-in exporter
 every second), mapped to nodes and GPUs by UUID, by the exporter's pod labels and by host name;
 the utilisation history, the idle rules and the used GPU-hours work from them."""
 from __future__ import annotations
@@ -61,7 +61,7 @@ async def test_idle_rules_and_used_gpu_hours_work_from_prometheus(tmp_path):
     from gpupool.hub_ext.runtime.idle import IdleChecker
     from gpupool.hub_ext.runtime.sampling import Sampler
     from gpupool.hub_ext.store import ledger
-    from test_idle_held import QUEUES, service_parts
+    from hubless_service import QUEUES, service_parts
 
     t0 = 1_800_000_000.0
     now = [t0]

@@ -15,7 +15,7 @@ from traitlets.config.loader import PyFileConfigLoader
 
 from gpupool.backends.kubernetes import load_settings
 
-CHART = Path(__file__).resolve().parents[1] / "helm" / "gpupool"
+CHART = Path(__file__).resolve().parents[2] / "helm" / "gpupool"
 CI = sorted(p.stem.replace("-values", "") for p in (CHART / "ci").glob("*-values.yaml"))
 K8S = "1.32.0"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-from kube_fixture import SERVICES, KubeCluster
-from test_kube_jobs import K8S_VERSION, Settings, env_of, job_spec, wait_for
+from kube_fixture import KubeCluster
+from kube_harness import GANG, K8S_VERSION, Settings, env_of, job_spec, live_services, wait_for
 
 from gpupool.backends import kube_manifests as km
 from gpupool.backends.base import EXITED, RUNNING, worker_run_id
@@ -18,8 +18,7 @@ from gpupool.backends.kubernetes import GPUPoolKubernetes, KubeJobBackend
 from gpupool.scheduler.model import PodPlacement
 from hub_harness import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-GANG = [{"pod": 0, "node": "n1", "gpus": [1], "fraction": 1.0}, {"pod": 1, "node": "n2", "gpus": [0], "fraction": 1.0}]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -46,13 +45,6 @@ def _spec(tmp_path, command, job_id="j-000007"):
     spec.command, spec.pods = command, 2
     spec.worker_env = [{"GPUPOOL_GPUS": "1"}, {"GPUPOOL_GPUS": "0"}]
     return spec
-
-
-def _services(cluster):
-    async def go():
-        async with cluster.api._lock:
-            return [o.raw for (res, _, _), o in cluster.api._objects.items() if res == SERVICES and not o.deleted]
-    return cluster.call(go)
 
 
 def test_worker_pods_and_headless_service_are_valid_kubernetes(tmp_path):
@@ -109,7 +101,7 @@ async def test_gang_runs_one_pod_per_worker_with_the_torch_contract(gang, tmp_pa
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == port
         assert env["GPUPOOL_GPUS"] == str(GANG[rank]["gpus"][0]) and env["GPUPOOL_NODE"] == GANG[rank]["node"]
         assert "GPUPOOL_API_TOKEN" in str(env["GPUPOOL_API_TOKEN"])  # from the worker's own Secret
-    services = _services(cluster)
+    services = live_services(cluster)
     assert [s["metadata"]["name"] for s in services] == [pods[0]["spec"]["subdomain"]]
     assert services[0]["spec"]["clusterIP"] == "None"
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 from kube_fixture import KubeCluster
-from test_kube_distributed import GANG, _services
-from test_kube_jobs import K8S_VERSION, Settings, env_of, job_spec, wait_for
+from kube_harness import GANG, K8S_VERSION, Settings, env_of, job_spec, live_services, wait_for
 
 from gpupool.backends import kube_manifests as km
 from gpupool.backends.base import endpoint_targets
@@ -66,7 +65,7 @@ async def test_an_endpoint_starts_its_replicas_behind_one_service(backend, tmp_p
         found = cluster.pods("jobs", "gpupool.io/managed=true")
         return found if len(found) == 2 else None
     pods = await wait_for(both, 30)
-    services = _services(cluster)
+    services = live_services(cluster)
     assert [s["metadata"]["name"] for s in services] == [km.endpoint_service_name(spec.run_id)]
     assert all(p["metadata"]["labels"][k] == v for p in pods for k, v in services[0]["spec"]["selector"].items())
     assert endpoint_targets(handle) == [f"http://{km.endpoint_service_name(spec.run_id)}.jobs.svc:8000"]

@@ -1,4 +1,4 @@
-"""The Kubernetes inventory against a real HTTP Kubernetes API (kmock + tests/kube_fixture.py):
+"""The Kubernetes inventory against a real HTTP Kubernetes API (kmock + tests/support/kube_fixture.py):
 nodes and GPUs from the API, cordoned / NotReady nodes, foreign GPU pods subtracted, and watches
 (not polling) keeping it current."""
 from __future__ import annotations

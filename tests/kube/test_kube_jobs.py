@@ -1,9 +1,8 @@
 """The Kubernetes job backend end to end against a real HTTP Kubernetes API (kmock + the fake
-kubelet of tests/kube_fixture.py), the job pod manifests against the official schemas, and the
+kubelet of tests/support/kube_fixture.py), the job pod manifests against the official schemas, and the
 job pod's entrypoint running real papermill with a real kernel."""
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import os
@@ -16,50 +15,12 @@ import kubernetes_validate
 import nbformat
 import pytest
 from kube_fixture import kube  # noqa: F401  (fixture)
+from kube_harness import K8S_VERSION, Settings, env_of, job_spec, wait_for
 
 from gpupool.backends import kube_manifests as km
-from gpupool.backends.base import EXITED, LOST, RUNNING, JobSpec
+from gpupool.backends.base import EXITED, LOST, RUNNING
 from gpupool.backends.kubernetes import GPUPoolKubernetes, KubeJobBackend
 from gpupool.scheduler.model import PodPlacement
-
-K8S_VERSION = "1.32.0"
-
-
-class Pool:  # the parts of c.GPUPool the backend reads
-    preemption_grace = 3.0
-    kill_after = 1.0
-
-
-class Settings:  # the parts of the service's Settings the backend reads and fills
-    def __init__(self) -> None:
-        self.pool = Pool()
-        self.nodes: list = []
-        self.gpu_uuids: dict = {}
-
-
-def job_spec(root, job_id="j-000001", attempt=0, placements=None, user="alice", env=None) -> JobSpec:
-    jdir = os.path.join(str(root), job_id)
-    return JobSpec(job_id=job_id, run_id=f"{job_id}.{attempt}", attempt=attempt, user=user,
-                   notebook=os.path.join(jdir, "input.ipynb"), output=os.path.join(jdir, "output.ipynb"),
-                   log=os.path.join(jdir, "log.txt"), parameters={"lr": 0.01}, workdir="/home/jovyan",
-                   job_dir=jdir, checkpoint_dir=os.path.join(jdir, "checkpoints"), stop_file=os.path.join(jdir, "STOP"),
-                   env=env or {"GPUPOOL_API_URL": "http://127.0.0.1:10101/services/gpupool/", "CUDA_VISIBLE_DEVICES": "3",
-                               "GPUPOOL_API_TOKEN": "gpj-secret-token"},
-                   placements=placements if placements is not None else [{"pod": 0, "node": "n1", "gpus": [0, 1], "fraction": 1.0}])
-
-
-def env_of(pod: dict) -> dict:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
-
-
-async def wait_for(pred, timeout=8.0):
-    end = time.monotonic() + timeout
-    while True:
-        value = await pred()
-        if value:
-            return value
-        assert time.monotonic() < end, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -452,7 +413,7 @@ def test_unreachable_api_is_a_clear_startup_error():
 
 # -- the real gpupool service with the Kubernetes backend -----------------------------------------
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

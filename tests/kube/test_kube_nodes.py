@@ -1,4 +1,4 @@
-"""Nodes that fail and drain on Kubernetes, through the real service (kmock + tests/kube_fixture.py,
+"""Nodes that fail and drain on Kubernetes, through the real service (kmock + tests/support/kube_fixture.py,
 whose kubelet runs each job pod's command as a local process): a cordoned node is drained (its
 job's pod is deleted with the grace period, the job checkpoints and resumes on another node), a
 NotReady one has failed (its job's pod is deleted at once, the job resumes from its checkpoint)."""
@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

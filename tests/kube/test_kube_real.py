@@ -1,4 +1,4 @@
-"""Against a real cluster (opt-in): ``KUBECONFIG=... pytest -m kubernetes tests/test_kube_real.py``.
+"""Against a real cluster (opt-in): ``KUBECONFIG=... pytest -m kubernetes tests/kube/test_kube_real.py``.
 
 Skipped unless KUBECONFIG is set. Uses the namespace $GPUPOOL_TEST_NAMESPACE (default
 ``gpupool-test``), which it creates and deletes. $GPUPOOL_TEST_IMAGE (default

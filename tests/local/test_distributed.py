@@ -17,7 +17,7 @@ from hub_harness import Hub, hub_leak_check, notebook  # noqa: F401 (leak check 
 
 pytestmark = pytest.mark.hub
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 QUEUES = [
     {"name": "vision", "deserved": {"gpu": 1}, "users": ["alice"]},
@@ -395,11 +395,11 @@ def test_the_contract_from_placements_and_the_helpers():
 async def test_gpu_memory_share_of_a_gang_is_held_per_gpu(tmp_path):
     """A gang of two half-GPU workers gets a GPU each (a distributed job's ranks never share a
     device), and NVML memory accounting holds what is used on a GPU against the share on that GPU.
-    NVML is test_nvml's stand-in; loop, backend and the worker processes are real."""
+    NVML is nvml_standin's FakeNVML; loop, backend and the worker processes are real."""
     import asyncio
     import signal
 
-    from test_nvml import memory_loop
+    from nvml_standin import memory_loop
 
     from gpupool.hub_ext import store as D
     from gpupool.hub_ext.domain.identity import Identity

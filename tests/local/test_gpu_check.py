@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nvml_standin
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(tmp_path, **devices):
@@ -19,7 +19,7 @@ def run(tmp_path, **devices):
     (tmp_path / "cg").mkdir(exist_ok=True)
     (tmp_path / "cg" / "cgroup.controllers").write_text("memory\n")
     env = {**os.environ, nvml_standin.ENV: str(path),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--nvml-module", "nvml_standin",
                           "--cgroup", str(tmp_path / "cg" / "gpupool"), "--json"],
                          capture_output=True, text=True, env=env, timeout=300)

@@ -2,7 +2,7 @@
 whose GPU memory the NVIDIA driver caps (gpupool/backends/gpu_limits.py), and which tier holds a
 workload (hub_ext/runtime/memory.py ``tier``).
 
-No GPU and no r615 driver here: NVML is the stand-in (tests/test_nvml.py FakeNVML), whose
+No GPU and no r615 driver here: NVML is the stand-in (tests/support/nvml_standin.py FakeNVML), whose
 ``nvmlDeviceSetMemoryLimits_v1`` records its arguments, and the cgroup hierarchy is a directory
 of the test (a ``cgroup.controllers`` file marks it v2). A real worker is started through the
 local backend: its runner is moved into the cgroup and starts the program only once it is there.
@@ -21,7 +21,7 @@ from gpupool.backends.base import EXITED, JobSpec
 from gpupool.backends.local import LocalBackend
 from gpupool.contract import ENFORCE_DRIVER, ENFORCE_FRAMEWORK, ENFORCE_WATCH
 from gpupool.hub_ext.runtime.memory import tier
-from test_nvml import FakeNVML, device
+from nvml_standin import FakeNVML, device
 
 GiB = 2**30
 

@@ -12,7 +12,7 @@ from hub_harness import Hub, hub_leak_check, notebook  # noqa: F401 (leak check 
 
 pytestmark = pytest.mark.hub
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUEUES = [
     {"name": "vision", "deserved": {"gpu": 1}, "users": ["alice"]},
     {"name": "nlp", "deserved": {"gpu": 1}, "users": ["bob"]},
@@ -114,7 +114,7 @@ def test_job_environment_gpu_share_cpu_only_and_working_dir(hub):
     job, env, cwd = _env_of(hub, alice, shared)
     # the driver keeps 3 % of each 16Gi GPU (c.GPUPool.gpu_memory_reserve): 4Gi is 0.258 of what is left
     assert env["GPUPOOL_GPU_FRACTION"] == "0.258" and env["GPUPOOL_GPU_MEMORY_LIMIT"] == str(4 * 2**30)
-    # the frameworks are told the cap as a share of the whole GPU: 4Gi of 16Gi (tests/test_gpu_caps.py)
+    # the frameworks are told the cap as a share of the whole GPU: 4Gi of 16Gi (tests/local/test_gpu_caps.py)
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250" == env["XLA_CLIENT_MEM_FRACTION"]
     assert env["GPUPOOL_GPU_MEMORY_FRACTION"] == "0.250" and env["hook"] is True
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
@@ -150,11 +150,11 @@ def test_cancel_running_job_asks_it_to_stop_and_frees_the_gpu(hub):
 
 async def test_gpu_memory_enforcement_reports_then_stops(tmp_path):
     """A fractional job over its GPU memory share, as NVML reports it per process. No GPU here:
-    NVML is the vendor library's stand-in from test_nvml.py behind the real gpupool.backends.nvml
+    NVML is the vendor library's stand-in from nvml_standin.py behind the real gpupool.backends.nvml
     code; the loop, the backend and the job (papermill) are real."""
     import asyncio
 
-    from test_nvml import memory_loop
+    from nvml_standin import memory_loop
 
     from gpupool.hub_ext import store as D
     from gpupool.hub_ext.domain.identity import Identity

@@ -1,130 +1,18 @@
 """gpupool.backends.nvml.
 
-This machine has no GPU, so the NVML calls are exercised against ``FakeNVML``: a stand-in for the
-``pynvml`` module with the same function names, return shapes (``.total``/``.used``, ``.gpu``,
-process objects with ``.pid``/``.usedGpuMemory``) and error class. The real library path is the
+This machine has no GPU, so the NVML calls are exercised against ``FakeNVML``
+(tests/support/nvml_standin.py): a stand-in for the ``pynvml`` module with the same function
+names, return shapes (``.total``/``.used``, ``.gpu``, process objects with
+``.pid``/``.usedGpuMemory``) and error class. The real library path is the
 same code with ``nvml=None``; the last tests check that on this machine it says "no GPU" without
 crashing.
 """
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from gpupool.backends import nvml
-
-GiB = 2**30
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-class FakeNVML:
-    """A stand-in for the pynvml module (not our component: the vendor library)."""
-
-    NVMLError = FakeNVMLError
-
-    def __init__(self, devices, *, init_error=None, bytes_names=False):
-        self.devices = devices
-        self.init_error = init_error
-        self.bytes_names = bytes_names
-        self.inits = 0
-        self.shutdowns = 0
-
-    def nvmlInit(self):
-        if self.init_error:
-            raise self.init_error
-        self.inits += 1
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def _check(self):
-        if self.inits <= self.shutdowns:
-            raise FakeNVMLError("Uninitialized")
-
-    def nvmlDeviceGetCount(self):
-        self._check()
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        self._check()
-        if not 0 <= i < len(self.devices):
-            raise FakeNVMLError("Invalid Argument")
-        return self.devices[i]
-
-    def nvmlDeviceGetName(self, h):
-        return h["name"].encode() if self.bytes_names else h["name"]
-
-    def nvmlDeviceGetUUID(self, h):
-        return h["uuid"]
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return types.SimpleNamespace(total=h["total"], used=h["used"], free=h["total"] - h["used"])
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        if h.get("util") is None:
-            raise FakeNVMLError("Not Supported")
-        return types.SimpleNamespace(gpu=h["util"], memory=10)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in h.get("procs", [])]
-
-    # per-cgroup memory limits (driver r615+): the driver's version, MIG mode, the call recorded
-    limit_calls: list
-
-    def nvmlSystemGetDriverVersion(self):
-        self._check()
-        return (self.devices[0].get("driver") if self.devices else None) or "550.54.15"
-
-    def nvmlDeviceGetMigMode(self, h):
-        if h.get("mig") is None:
-            raise FakeNVMLError("Not Supported")
-        return [int(h["mig"]), int(h["mig"])]
-
-    class c_nvmlSetMemoryLimits_v1_t:  # pynvml's ctypes structure: nameSpace, softLimit, hardLimit
-        nameSpace = b""
-        softLimit = 0
-        hardLimit = 0
-
-    def nvmlDeviceSetMemoryLimits_v1(self, h, limits):
-        self._check()
-        if h.get("limits_error"):
-            raise FakeNVMLError(h["limits_error"])
-        call = {"uuid": h["uuid"], "nameSpace": limits.nameSpace.decode(), "softLimit": limits.softLimit,
-                "hardLimit": limits.hardLimit}
-        self.__dict__.setdefault("limit_calls", []).append(call)
-        return call
-
-
-def device(i, name="NVIDIA A100-SXM4-80GB", total=80 * GiB, used=0, util=0, procs=(), **more):
-    return {"uuid": f"GPU-{i:08d}-0000", "name": name, "total": total, "used": used, "util": util,
-            "procs": list(procs), **more}
-
-
-def memory_loop(tmp_path, gpus: int = 1):
-    """A scheduler loop on the real local backend with this NVML stand-in as its reader, for the
-    memory enforcement tests: ``(sessions, fake, backend, loop, service)``; one node of ``gpus``
-    16Gi GPUs, grace 1 s, kill_after 1 s."""
-    from gpupool.backends.local import LocalBackend
-    from gpupool.hub_ext import store as D
-    from gpupool.hub_ext.app import Service
-    from gpupool.hub_ext.config import load
-    from gpupool.hub_ext.runtime.loop import SchedulerLoop
-    from gpupool.hub_ext.runtime.metrics import Metrics
-
-    (tmp_path / "home").mkdir()
-    settings = load({"nodes": [{"name": "box", "gpus": gpus, "gpu_memory": "16Gi"}], "run_as_user": False,
-                     "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "job_root": str(tmp_path / "jobs"),
-                     "work_dir": str(tmp_path / "home"), "preemption_grace": 1, "kill_after": 1})
-    sessions = D.make_sessionmaker(D.make_engine(settings.pool.db_url))
-    fake = FakeNVML([device(g, total=16 * GiB) for g in range(gpus)])
-    reader = types.SimpleNamespace(process_memory=lambda i: nvml.process_memory(i, nvml=fake))
-    backend = LocalBackend(settings)
-    loop = SchedulerLoop(settings, sessions, backend, Metrics(), nvml=reader)
-    return sessions, fake, backend, loop, Service(settings, sessions, loop, None, Metrics())
+from nvml_standin import FakeNVML, FakeNVMLError, GiB, device
 
 
 def test_gpus_and_node():

@@ -8,7 +8,7 @@ from gpupool import contract as C
 from gpupool.scheduler.model import KINDS
 from gpupool.scheduler.reasons import Code, Pending
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = ["gpupool", "hub_ext", "spawner", "widgets"]
 
 

@@ -162,7 +162,7 @@ def test_the_service_builds_a_runs_environment_from_the_protocol(tmp_path):
         "GPUPOOL_GPUS": "1", "GPUPOOL_NODE": "box", "GPUPOOL_GPU_FRACTION": "0.25",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.250", "XLA_CLIENT_MEM_FRACTION": "0.250",
         "GPUPOOL_GPU_MEMORY_FRACTION": "0.250", "TF_FORCE_GPU_ALLOW_GROWTH": "true",
-        "GPUPOOL_GPU_MEMORY_LIMIT": str(4 * 2**30)}  # no reserve in this pool (tests/test_gpu_caps.py has one)
+        "GPUPOOL_GPU_MEMORY_LIMIT": str(4 * 2**30)}  # no reserve in this pool (tests/local/test_gpu_caps.py has one)
     assert specs.gpu_env([quarter], gpu_memory=3 * 2**30)["GPUPOOL_GPU_MEMORY_LIMIT"] == str(3 * 2**30)  # asked for
     assert "GPUPOOL_GPU_MEMORY_LIMIT" not in specs.gpu_env([dict(quarter, node="elsewhere")])  # its GPU unknown
     # whole GPUs: no UUID known for GPU 3; the first placement with GPUs counts

@@ -13,8 +13,7 @@ from gpupool.scheduler.model import QueueSpec
 from gpupool.scheduler.usage import FairnessConfig, UsageHistory
 from gpupool.sim import parse_scenario, simulate
 
-from test_sim_nodes import data, replay
-from test_sim_scenario import run_cli, write
+from sim_harness import data, replay, run_cli, write
 
 
 # -- the usage history ---------------------------------------------------------------------------

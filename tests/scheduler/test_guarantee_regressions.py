@@ -156,7 +156,7 @@ def test_a_gang_binds_into_its_reservation_only_when_all_its_pods_fit_together()
 
     from gpupool.sim import load_scenario, simulate
 
-    path = Path(__file__).parent / "scenarios" / "regress_gang_reservation_shared_gpu.yaml"
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "regress_gang_reservation_shared_gpu.yaml"
     for seed in (0, 1, 2):
         report = simulate(load_scenario(path), seed=seed)
         assert report["metrics"]["invariant_violations"] == 0, report.get("violations")

@@ -1,6 +1,6 @@
 """Conformance with KAI-Scheduler's table tests of its actions (issue 8).
 
-Each case in tests/conformance/kai/ is one KAI table case (allocate, reclaim, preempt,
+Each case in tests/scheduler/conformance/kai/ is one KAI table case (allocate, reclaim, preempt,
 consolidation and the integration tests), translated into a public scenario: KAI's running jobs
 are submitted at t=0, pinned to the node KAI had them on (label ``kai-node``), its pending jobs at
 t=1 (a job KAI moves is not pinned; see README.md there); cycle 1 s, grace 2 s, 21 s replayed

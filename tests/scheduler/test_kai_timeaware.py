@@ -1,4 +1,4 @@
-"""KAI-Scheduler's time-aware fairness cases, ported as scenarios (tests/conformance/kai_timeaware/,
+"""KAI-Scheduler's time-aware fairness cases, ported as scenarios (tests/scheduler/conformance/kai_timeaware/,
 see its README): the two-queue oscillation of its docs and simulator, its simulator's example, and
 its e2e test of a reclaim driven by past usage."""
 from __future__ import annotations

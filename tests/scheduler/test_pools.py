@@ -15,10 +15,9 @@ from gpupool.scheduler.reasons import Code
 from gpupool.scheduler.spec import SpecError, over_committed, parse_queues
 from gpupool.sim import parse_scenario, simulate
 
-from test_sim_nodes import data, replay
-from test_sim_scenario import run_cli, without_timing, write
+from sim_harness import data, replay, run_cli, without_timing, write
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def nodes_of(report: dict, name: str) -> set[str]:

@@ -9,7 +9,7 @@ from gpupool.scheduler import (Phase, PodPlacement, Scheduler, SchedulerConfig, 
                                parse_queues, parse_workload)
 from gpupool.scheduler.fairshare import QueueTree, fair_shares, guarantees
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduling.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
 BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
 
 

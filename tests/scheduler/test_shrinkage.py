@@ -13,7 +13,7 @@ from gpupool.scheduler.model import QueueSpec
 from gpupool.scheduler.spec import over_committed, parse_queues
 from gpupool.sim import load_scenario, simulate
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def replay(name: str) -> dict:
@@ -142,14 +142,14 @@ def test_a_reservation_whose_holder_cannot_bind_is_dropped():
 
 
 def test_regress_combined_preemption_between_borrowers_does_not_swap_back_and_forth():
-    from test_guarantee_properties import thrash  # the stability property's own judge
+    from guarantee_scenarios import thrash  # the stability property's own judge
 
     report = simulate(load_scenario(SCENARIOS / "regress_combined_between_borrowers.yaml"), seed=0)
     assert not thrash(report), thrash(report)
 
 
 def test_regress_a_low_priority_workload_does_not_bind_ahead_in_the_first_pass():
-    from test_guarantee_properties import thrash
+    from guarantee_scenarios import thrash
 
     report = simulate(load_scenario(SCENARIOS / "regress_low_priority_first_pass.yaml"), seed=0)
     assert not thrash(report), thrash(report)

@@ -8,7 +8,7 @@ import pytest
 
 from gpupool.sim import load_scenario, simulate
 
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def run(name: str, seed: int = 0) -> dict:

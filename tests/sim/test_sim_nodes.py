@@ -6,27 +6,12 @@ from __future__ import annotations
 import copy
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
 from gpupool.sim import load_scenario, parse_scenario, simulate
-
-from test_sim_scenario import run_cli, without_timing, write
-
-ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ROOT / "tests" / "scenarios"
-
-
-def data(name: str) -> dict:
-    return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
-
-
-def replay(d: dict, seed: int = 0) -> dict:
-    report = simulate(parse_scenario(d), seed=seed, timeline=True)
-    assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
-    return report
+from sim_harness import ROOT, SCENARIOS, data, replay, run_cli, without_timing, write
 
 
 def wl(report: dict, name: str) -> dict:

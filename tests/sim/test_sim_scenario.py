@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,7 @@ import yaml
 
 from gpupool.scheduler.spec import SpecError
 from gpupool.sim import load_scenario, parse_scenario, simulate
-
-ROOT = Path(__file__).resolve().parents[1]
-GPUPOOL = [sys.executable, "-m", "gpupool"]
+from sim_harness import ROOT, run_cli, without_timing, write
 
 BASE = {
     "name": "base",
@@ -35,22 +31,6 @@ BASE = {
         {"name": "hpo", "queue": "robotics", "kind": "hpo-trial", "gpus": 1, "duration": 300, "count": 4},
     ],
 }
-
-
-def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([*GPUPOOL, "simulate", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
-
-
-def write(tmp_path: Path, data, name: str = "s.yaml") -> Path:
-    p = tmp_path / name
-    p.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data, sort_keys=False))
-    return p
-
-
-def without_timing(report: dict) -> dict:
-    r = dict(report)
-    r.pop("timing")
-    return r
 
 
 # -- the real command ----------------------------------------------------------------------------
@@ -339,7 +319,7 @@ def test_cycle_limit_stops_a_replay_that_never_settles():
 def test_the_scenario_doc_example_runs_as_written_and_docs_stay_in_the_repository():
     import re
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "scenario.md").read_text()
     example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
     report = simulate(parse_scenario(yaml.safe_load(example), name="doc-example"), seed=0)

@@ -1,6 +1,6 @@
-"""GPUPoolKubeSpawner end to end: a real gpupool service (in a real JupyterHub, tests/hub_harness.py)
+"""GPUPoolKubeSpawner end to end: a real gpupool service (in a real JupyterHub, tests/support/hub_harness.py)
 admits the server, real KubeSpawner 7 creates the pod on the test Kubernetes API (kmock + the
-fake kubelet of tests/kube_fixture.py), polls it and deletes it; the pod is pinned to the node the
+fake kubelet of tests/support/kube_fixture.py), polls it and deletes it; the pod is pinned to the node the
 scheduler chose, with the right GPU resources, environment and labels."""
 from __future__ import annotations
 

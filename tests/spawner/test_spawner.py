@@ -2,7 +2,7 @@
 
 Part 1 (fast, no processes): the options form and user_options validation.
 Part 2 (marker ``hub``): a real JupyterHub + configurable-http-proxy + the gpupool service
-(tests/hub_harness.py) with LocalGPUSpawner starting real jupyterhub-singleuser processes, driven
+(tests/support/hub_harness.py) with LocalGPUSpawner starting real jupyterhub-singleuser processes, driven
 through the hub's REST API like a browser or a script would.
 """
 from __future__ import annotations
@@ -113,41 +113,18 @@ def test_render_form():
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hub_harness import hub_leak_check  # noqa: E402,F401 (leak check fixtures)
-
-SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
-# A lean single-user server: the Jupyter server without the lab/notebook UIs (they only slow start-up).
-LEAN = ("jupyterlab", "notebook", "jupyter_lsp", "notebook_shim", "jupyter_server_terminals")
-
-
-def _extra(tmp) -> str:
-    """Hub config for LocalGPUSpawner with lean single-user servers."""
-    return f"""
-c.JupyterHub.spawner_class = "gpupool.spawner.LocalGPUSpawner"
-c.LocalGPUSpawner.home_root = {str(tmp / 'home')!r}
-c.Spawner.cmd = [{SINGLEUSER!r}]
-c.Spawner.args = {[f"--ServerApp.jpserver_extensions={k}=False" for k in LEAN]!r}
-c.Spawner.default_url = "/api/status"
-c.Spawner.http_timeout = 60
-c.Spawner.poll_interval = 1
-c.LocalGPUSpawner.admission_poll_interval = 0.2
-c.LocalGPUSpawner.admission_timeout = 60
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
-"""
-
+from spawner_harness import (spawner_config, start_server, stop_server, user_server,  # noqa: E402
+                             wait_server_ready, workspace_of)
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     from hub_harness import Hub
 
     tmp = tmp_path_factory.mktemp("spawner")
-    extra = _extra(tmp) + """
+    extra = spawner_config(tmp) + """
 c.Spawner.group_overrides = {"impatient": {"groups": ["impatient"],
                                            "spawner_override": {"admission_timeout": 2}},
                              "broken": {"groups": ["broken"],
@@ -159,34 +136,6 @@ c.Spawner.group_overrides = {"impatient": {"groups": ["impatient"],
     with Hub(tmp, gpupool=gp, users=["alice", "bob", "dave", "erin", "frank", "gina"], admins=["admin"],
              groups={"impatient": ["erin"], "broken": ["gina"]}, extra_config=extra) as h:
         yield h
-
-
-def _server(hub, user):
-    r = hub.hub_api("GET", f"users/{user}", hub.admin_token)
-    assert r.status_code == 200, r.text
-    return r.json()["servers"].get("")
-
-
-def _start(hub, user, options, expect=(201, 202)):
-    r = hub.hub_api("POST", f"users/{user}/server", hub.admin_token, json=options)
-    assert r.status_code in expect, f"{r.text}\n{hub.hub_log()[-6000:]}"
-    return r
-
-
-def _wait_ready(hub, user, timeout=60):
-    def ready():
-        s = _server(hub, user)
-        return s if s and s.get("ready") else None
-    try:
-        return hub.wait_for(ready, timeout, 0.3)
-    except AssertionError:
-        raise AssertionError(f"{user}'s server not ready: {_server(hub, user)}\n{hub.hub_log()[-4000:]}") from None
-
-
-def _stop(hub, user):
-    r = hub.hub_api("DELETE", f"users/{user}/server", hub.admin_token)
-    assert r.status_code in (202, 204, 400), r.text
-    hub.wait_for(lambda: _server(hub, user) is None, 30, 0.3, message=f"{user}'s server did not stop")
 
 
 def _server_env(hub, user) -> dict:
@@ -206,11 +155,6 @@ def _server_env(hub, user) -> dict:
         if b"jupyterhub-singleuser" in cmd and api in env.split(b"\0") and who in env.split(b"\0"):
             return dict(kv.split("=", 1) for kv in env.decode().split("\0") if "=" in kv)
     raise AssertionError(f"no server process for {user}")
-
-
-def _workspace(hub, user):
-    r = hub.api("GET", f"workspaces/{user}", hub.service_token)
-    return r.json() if r.status_code == 200 else None
 
 
 def _progress_events(hub, user, until, timeout=30):
@@ -252,11 +196,11 @@ def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
     r = s.post(hub.hub_url + "hub/spawn", data={"gpus": "0.5", "queue": "vision", "preemptible": "on",
                                                  "gpu_memory": "", "_xsrf": xsrf}, allow_redirects=False)
     assert r.status_code == 302, r.text[:500]
-    _start(hub, "bob", {"gpus": 1, "queue": "nlp"})
-    _wait_ready(hub, "alice")
-    _wait_ready(hub, "bob")
+    start_server(hub, "bob", {"gpus": 1, "queue": "nlp"})
+    wait_server_ready(hub, "alice")
+    wait_server_ready(hub, "bob")
     a_env, b_env = _server_env(hub, "alice"), _server_env(hub, "bob")
-    a_ws, b_ws = _workspace(hub, "alice"), _workspace(hub, "bob")
+    a_ws, b_ws = workspace_of(hub, "alice"), workspace_of(hub, "bob")
     assert a_ws["status"] == "running" and a_ws["queue"] == "vision" and a_ws["preemptible"] is True
     assert b_ws["preemptible"] is False  # workspaces are non-preemptible unless asked
     [a_alloc] = a_ws["allocation"]
@@ -279,92 +223,92 @@ def test_fraction_and_whole_gpu_start_with_their_gpus(hub):
                      headers={"Authorization": f"token {a_env['JUPYTERHUB_API_TOKEN']}"})
     assert r.status_code == 200 and [q["name"] for q in r.json()["queues"] if q["may_submit"]] == ["vision"]
     # the hub remembers what was asked for
-    assert _server(hub, "alice")["user_options"] == {"gpus": "0.5", "queue": "vision", "preemptible": True}
+    assert user_server(hub, "alice")["user_options"] == {"gpus": "0.5", "queue": "vision", "preemptible": True}
     assert b_env["CUDA_VISIBLE_DEVICES"] != "" and "GPUPOOL_GPU_FRACTION" in b_env
 
     # stopping frees the GPUs at once: by the time the hub answers, the workspace is gone
     r = hub.hub_api("DELETE", "users/alice/server", hub.admin_token)
     assert r.status_code in (202, 204)
     if r.status_code == 202:
-        hub.wait_for(lambda: _server(hub, "alice") is None, 30, 0.2)
-    assert _workspace(hub, "alice") is None
+        hub.wait_for(lambda: user_server(hub, "alice") is None, 30, 0.2)
+    assert workspace_of(hub, "alice") is None
     gpus = {g["index"]: g for g in hub.api("GET", "nodes", hub.service_token).json()["nodes"][0]["gpus"]}
     assert gpus[a_alloc["gpus"][0]]["allocated"] == 0
-    _stop(hub, "bob")
-    assert _workspace(hub, "bob") is None
+    stop_server(hub, "bob")
+    assert workspace_of(hub, "bob") is None
 
 
 @pytest.mark.hub
 def test_over_quota_waits_in_queue_with_its_position_then_starts(hub):
-    _start(hub, "alice", {"gpus": 1})  # vision's whole deserved quota
-    _wait_ready(hub, "alice")
+    start_server(hub, "alice", {"gpus": 1})  # vision's whole deserved quota
+    wait_server_ready(hub, "alice")
     # dave (also vision) asks for a non-preemptible GPU: it must wait for alice's
-    r = _start(hub, "dave", {"gpus": 1}, expect=(202,))
+    r = start_server(hub, "dave", {"gpus": 1}, expect=(202,))
     events = _progress_events(hub, "dave", lambda ev: any("position" in (e.get("message") or "") for e in ev))
     text = " | ".join(e.get("message", "") for e in events)
     assert "queued in vision" in text.lower() and "position 1" in text, text
-    ws = _workspace(hub, "dave")
+    ws = workspace_of(hub, "dave")
     assert ws["status"] == "queued" and ws["position"] == 1, ws
-    assert _server(hub, "dave")["pending"] == "spawn"
+    assert user_server(hub, "dave")["pending"] == "spawn"
     # alice stops: dave's server starts on the freed GPU
-    _stop(hub, "alice")
-    _wait_ready(hub, "dave")
-    assert _workspace(hub, "dave")["status"] == "running"
+    stop_server(hub, "alice")
+    wait_server_ready(hub, "dave")
+    assert workspace_of(hub, "dave")["status"] == "running"
     assert _server_env(hub, "dave")["CUDA_VISIBLE_DEVICES"] in ("0", "1")
-    _stop(hub, "dave")
+    stop_server(hub, "dave")
 
 
 @pytest.mark.hub
 def test_admission_timeout_fails_cleanly_and_withdraws(hub):
-    _start(hub, "alice", {"gpus": 1})
-    _wait_ready(hub, "alice")
-    _start(hub, "erin", {"gpus": 1}, expect=(202,))  # erin's group has admission_timeout = 2 s
+    start_server(hub, "alice", {"gpus": 1})
+    wait_server_ready(hub, "alice")
+    start_server(hub, "erin", {"gpus": 1}, expect=(202,))  # erin's group has admission_timeout = 2 s
     events = _progress_events(hub, "erin", lambda ev: any(e.get("failed") for e in ev), timeout=40)
     failed = [e for e in events if e.get("failed")]
     assert failed, events
     msg = failed[-1]["message"]
     assert msg.startswith("Spawn failed: Still queued in vision after 2"), msg
     assert "at position 1" in msg and "runs within the queue's deserved GPUs" in msg, msg  # by reason_code
-    hub.wait_for(lambda: _server(hub, "erin") is None or not _server(hub, "erin").get("pending"), 10)
-    assert _workspace(hub, "erin") is None  # the queued request was withdrawn
+    hub.wait_for(lambda: user_server(hub, "erin") is None or not user_server(hub, "erin").get("pending"), 10)
+    assert workspace_of(hub, "erin") is None  # the queued request was withdrawn
     assert "Traceback" not in hub.hub_log().split("erin")[-1][:2000]
     # a queued start that the user cancels (DELETE while pending) withdraws its request too
-    _start(hub, "dave", {"gpus": 1}, expect=(202,))
-    hub.wait_for(lambda: (_workspace(hub, "dave") or {}).get("status") == "queued", 10)
+    start_server(hub, "dave", {"gpus": 1}, expect=(202,))
+    hub.wait_for(lambda: (workspace_of(hub, "dave") or {}).get("status") == "queued", 10)
     r = hub.hub_api("DELETE", "users/dave/server", hub.admin_token)
     assert r.status_code in (202, 204), r.text
-    hub.wait_for(lambda: _workspace(hub, "dave") is None, 10, message="cancelled request still queued")
-    hub.wait_for(lambda: _server(hub, "dave") is None, 20)
-    _stop(hub, "alice")
+    hub.wait_for(lambda: workspace_of(hub, "dave") is None, 10, message="cancelled request still queued")
+    hub.wait_for(lambda: user_server(hub, "dave") is None, 20)
+    stop_server(hub, "alice")
 
 
 @pytest.mark.hub
 def test_server_that_fails_to_start_releases_its_gpus(hub):
     # gina's servers cannot start (group override: a command that does not exist)
     r = hub.hub_api("POST", "users/gina/server", hub.admin_token, json={"gpus": 1})
-    hub.wait_for(lambda: _server(hub, "gina") is None or not _server(hub, "gina").get("pending"), 30)
-    assert _server(hub, "gina") is None or not _server(hub, "gina").get("ready"), r.text
-    assert _workspace(hub, "gina") is None
+    hub.wait_for(lambda: user_server(hub, "gina") is None or not user_server(hub, "gina").get("pending"), 30)
+    assert user_server(hub, "gina") is None or not user_server(hub, "gina").get("ready"), r.text
+    assert workspace_of(hub, "gina") is None
     assert "released workspace workspaces/gina" in hub.hub_log()
 
 
 @pytest.mark.hub
 def test_preempted_workspace_server_is_stopped_and_the_owner_gets_the_gpu(hub):
-    _start(hub, "bob", {"gpus": 1, "queue": "nlp"})  # nlp's deserved GPU
-    _wait_ready(hub, "bob")
+    start_server(hub, "bob", {"gpus": 1, "queue": "nlp"})  # nlp's deserved GPU
+    wait_server_ready(hub, "bob")
     # frank (nlp too) borrows vision's idle GPU with a preemptible workspace
-    _start(hub, "frank", {"gpus": 1, "queue": "nlp", "preemptible": True})
-    _wait_ready(hub, "frank")
-    assert "borrowing" in _workspace(hub, "frank")["reason"]
+    start_server(hub, "frank", {"gpus": 1, "queue": "nlp", "preemptible": True})
+    wait_server_ready(hub, "frank")
+    assert "borrowing" in workspace_of(hub, "frank")["reason"]
     # alice's queue wants its deserved GPU back: frank's workspace is preempted (grace 3 s), its
     # server stopped by the spawner's poll, and alice's server starts on that GPU
-    _start(hub, "alice", {"gpus": 1})
-    hub.wait_for(lambda: _server(hub, "frank") is None, 40, 0.3, message="frank's preempted server still runs")
-    _wait_ready(hub, "alice", timeout=40)
-    assert _workspace(hub, "frank") is None  # not left queued with no server behind it
+    start_server(hub, "alice", {"gpus": 1})
+    hub.wait_for(lambda: user_server(hub, "frank") is None, 40, 0.3, message="frank's preempted server still runs")
+    wait_server_ready(hub, "alice", timeout=40)
+    assert workspace_of(hub, "frank") is None  # not left queued with no server behind it
     assert "frank's server: it no longer holds its GPUs" in hub.hub_log() or "no longer holds its GPUs" in hub.hub_log()
-    _stop(hub, "alice")
-    _stop(hub, "bob")
+    stop_server(hub, "alice")
+    stop_server(hub, "bob")
 
 
 @pytest.mark.hub
@@ -379,8 +323,8 @@ def test_bad_user_options_are_400_with_the_reason(hub, options, words):
     r = hub.hub_api("POST", "users/alice/server", hub.admin_token, json=options)
     assert r.status_code == 400, r.text
     assert words in r.json()["message"], r.json()
-    assert _workspace(hub, "alice") is None
-    hub.wait_for(lambda: _server(hub, "alice") is None, 10)
+    assert workspace_of(hub, "alice") is None
+    hub.wait_for(lambda: user_server(hub, "alice") is None, 10)
 
 
 @pytest.mark.hub
@@ -427,13 +371,13 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
     gp = {"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "24Gi"}], "queues": [{"name": "lab", "deserved": {"gpu": 1}}],
           "workspace_reconcile_seconds": 0.5, "workspace_release_grace": 2}
     with Hub(tmp_path, gpupool=gp, users=["alice", "bob", "carol"], admins=["admin"],
-             extra_config=_extra(tmp_path)) as hub:
-        _start(hub, "alice", {"gpus": 1})
-        _wait_ready(hub, "alice")
+             extra_config=spawner_config(tmp_path)) as hub:
+        start_server(hub, "alice", {"gpus": 1})
+        wait_server_ready(hub, "alice")
         # the CLI lists, describes and refuses to delete her server, with its GPU and idle time
-        from test_cli import run
+        from gpupool_cli import run
 
-        ws = hub.wait_for(lambda: (_workspace(hub, "alice") or {}).get("last_activity") and _workspace(hub, "alice"), 10)
+        ws = hub.wait_for(lambda: (workspace_of(hub, "alice") or {}).get("last_activity") and workspace_of(hub, "alice"), 10)
         cli = {"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": hub.token("alice")}
         res = run("list", env=cli)
         row = next(line for line in res.stdout.splitlines() if line.startswith(ws["id"]))
@@ -443,7 +387,7 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
         assert re.search(r"^last activity: .*\(idle \d+[smhd]\)$", res.stdout, re.M), res.stdout
         res = run("delete", ws["id"], env=cli)
         assert res.returncode == 1 and f"{ws['id']} is the notebook server alice/: stop it" in res.stderr
-        assert _workspace(hub, "alice")["status"] == "running"
+        assert workspace_of(hub, "alice")["status"] == "running"
         res = run("describe", "w-999999", env=cli)
         assert res.returncode == 1 and "no workspace 'w-999999'" in res.stderr
         # bob's job waits for alice's GPU
@@ -453,14 +397,14 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
         jid = r.json()["id"]
         # carol's server waits in the queue: it is starting in the hub's view, so the checks (every
         # 0.5 s, grace 2 s) leave her request alone, and alice's running server keeps its GPU
-        _start(hub, "carol", {"gpus": 1}, expect=(202,))
-        hub.wait_for(lambda: (_workspace(hub, "carol") or {}).get("status") == "queued", 20)
+        start_server(hub, "carol", {"gpus": 1}, expect=(202,))
+        hub.wait_for(lambda: (workspace_of(hub, "carol") or {}).get("status") == "queued", 20)
         time.sleep(4)
-        assert _workspace(hub, "carol")["status"] == "queued" and _server(hub, "carol")["pending"] == "spawn"
-        assert _workspace(hub, "alice")["status"] == "running"
+        assert workspace_of(hub, "carol")["status"] == "queued" and user_server(hub, "carol")["pending"] == "spawn"
+        assert workspace_of(hub, "alice")["status"] == "running"
         assert hub.api("GET", f"jobs/{jid}", bob).json()["status"] == "queued"
-        _stop(hub, "carol")  # the normal path: the spawner withdraws her request
-        assert _workspace(hub, "carol") is None
+        stop_server(hub, "carol")  # the normal path: the spawner withdraws her request
+        assert workspace_of(hub, "carol") is None
 
         # the hub restarts: it stops the gpupool service first, then alice's server, whose release fails
         hub.stop()
@@ -476,7 +420,7 @@ def test_hub_restart_releases_workspaces_whose_release_was_lost(tmp_path):
         # at once (no grace: it stopped while the service was down) and bob's queued job gets it
         job = hub.wait_job(bob, jid, {"starting", "running", "succeeded"}, 60)
         assert job["allocation"] or job["status"] == "succeeded", job
-        assert _workspace(hub, "alice") is None
+        assert workspace_of(hub, "alice") is None
         db = sqlite3.connect(str(hub.dir / "gpupool.sqlite"))
         ((status, allocation, reason),) = db.execute(
             "SELECT status, allocation, reason FROM workloads WHERE type = 'workspace' AND user = 'alice'").fetchall()
@@ -495,13 +439,13 @@ def test_idle_culler_stops_an_idle_server_and_frees_its_gpu(tmp_path):
     from hub_harness import Hub
 
     gp = {"nodes": [{"name": "box", "gpus": 1, "gpu_memory": "24Gi"}], "queues": [{"name": "lab", "deserved": {"gpu": 1}}]}
-    extra = _extra(tmp_path) + "from gpupool.hub_ext import add_idle_culler\nadd_idle_culler(c, timeout=3, every=1)\n"
+    extra = spawner_config(tmp_path) + "from gpupool.hub_ext import add_idle_culler\nadd_idle_culler(c, timeout=3, every=1)\n"
     with Hub(tmp_path, gpupool=gp, users=["alice"], admins=["admin"], extra_config=extra) as hub:
-        _start(hub, "alice", {"gpus": 1})
-        _wait_ready(hub, "alice")
-        assert _workspace(hub, "alice")["status"] == "running"
-        hub.wait_for(lambda: _server(hub, "alice") is None, 60, 0.5, message="the idle server was not culled")
-        hub.wait_for(lambda: _workspace(hub, "alice") is None, 20, message="the culled server kept its GPU")
+        start_server(hub, "alice", {"gpus": 1})
+        wait_server_ready(hub, "alice")
+        assert workspace_of(hub, "alice")["status"] == "running"
+        hub.wait_for(lambda: user_server(hub, "alice") is None, 60, 0.5, message="the idle server was not culled")
+        hub.wait_for(lambda: workspace_of(hub, "alice") is None, 20, message="the culled server kept its GPU")
         assert "Culling server alice" in hub.hub_log() or "Culling server" in hub.hub_log(), hub.hub_log()[-3000:]
 
 
@@ -512,11 +456,11 @@ def test_scheduler_down_gpu_start_fails_clearly_cpu_start_works(hub):
     r = hub.hub_api("POST", "users/alice/server", hub.admin_token, json={"gpus": 1})
     assert r.status_code == 503, r.text
     assert "Cannot start: the GPU scheduler" in r.json()["message"] and "not reachable" in r.json()["message"]
-    hub.wait_for(lambda: _server(hub, "alice") is None, 10)
-    _start(hub, "alice", {"gpus": 0})
-    _wait_ready(hub, "alice")
+    hub.wait_for(lambda: user_server(hub, "alice") is None, 10)
+    start_server(hub, "alice", {"gpus": 0})
+    wait_server_ready(hub, "alice")
     assert _server_env(hub, "alice")["CUDA_VISIBLE_DEVICES"] == ""
-    _stop(hub, "alice")
+    stop_server(hub, "alice")
 
 
 def test_render_form_escapes_each_value_once():

@@ -1,4 +1,4 @@
-"""Fuzzing the REST API with schemathesis from its own OpenAPI document (tests/test_api_fuzz.py,
+"""Fuzzing the REST API with schemathesis from its own OpenAPI document (tests/hub/test_api_fuzz.py,
 benchmarks/api_fuzz.py)."""
 from __future__ import annotations
 

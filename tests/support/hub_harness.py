@@ -51,6 +51,8 @@ Methods:
 * (module) ``children(parent, command) -> list[int]``: live children of a process whose command
   line contains ``command`` (e.g. the service's scheduling worker: ``children(hub.service_pid(),
   "spawn_main")``).
+* (module) ``ledger(hub, job_id) -> list[dict]``: the usage records of one job, from the hub's database.
+* (module) ``free_port()``, ``dead_port()``: a free port to listen on; a port where nothing listens.
 * ``hub_log() -> str``, ``service_log() -> str`` (unmanaged: the service's own output; managed:
   it is in the hub log).
 * ``stop()``: stops the hub, the proxy, the service and every job process; also on ``__exit__``.
@@ -74,6 +76,7 @@ import os
 import secrets
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -84,7 +87,7 @@ import psutil
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CHP_BIN = ROOT / "node_modules" / ".bin"
 
@@ -93,6 +96,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def dead_port() -> int:
+    """A port where nothing listens (it was free a moment ago)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return port
 
 
 def _environ(pid: int) -> bytes:
@@ -215,7 +227,7 @@ class Hub:
             "for _s in c.JupyterHub.services:\n"
             "    if _s['name'] == 'gpupool':\n"
             "        _s.pop('command', None); _s.pop('environment', None)\n")
-        return f"""# written by tests/hub_harness.py
+        return f"""# written by tests/support/hub_harness.py
 import json
 c = get_config()  # noqa
 c.JupyterHub.ip = "127.0.0.1"
@@ -544,6 +556,15 @@ def hub_leak_check_session():
     yield
     problems = _check_leaks([h for h in _HUBS if not h._leak_checked])
     assert not problems, "\n".join(problems)
+
+
+def ledger(hub: Hub, job_id: str) -> list[dict]:
+    """The usage records of one job (hub_ext/store/ledger.py), oldest first."""
+    db = sqlite3.connect(hub.settings["db_url"].removeprefix("sqlite:///"))
+    db.row_factory = sqlite3.Row
+    rows = [dict(r) for r in db.execute('SELECT * FROM usage WHERE workload = ? ORDER BY id', (job_id,))]
+    db.close()
+    return rows
 
 
 def notebook(*cells: str, parameters: str | None = None) -> dict:

@@ -769,7 +769,7 @@ class KubeCluster:
 
 
 def service_config(cluster: "KubeCluster", tmp: Any, user: str) -> str:
-    """The ``extra_config`` of a test hub (tests/hub_harness.py) whose gpupool service runs jobs as
+    """The ``extra_config`` of a test hub (tests/support/hub_harness.py) whose gpupool service runs jobs as
     pods on ``cluster`` (namespace ``jobs``, the real Python in the pods, ``user``'s home under
     ``tmp/home`` mounted in them): a ``GPUPoolKubernetes`` file the service is pointed at."""
     kube_cfg = tmp / "kube.json"
