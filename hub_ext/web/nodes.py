@@ -49,7 +49,8 @@ def node_views(svc: Any, only: Iterable[str] | None = None) -> list[dict]:
         state = states.view(n.name, n.name in held)
         schedulable = n.schedulable and n.name not in states.out
         node = {"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory, "pool": n.pool,
-                "schedulable": schedulable, "labels": n.labels, "gpus": gpus, **state}
+                "schedulable": schedulable, "labels": n.labels, "gpus": gpus,
+                "readings": svc.readings_source(n.name), **state}
         if not schedulable:
             node["unschedulable_reason"] = (svc.loop.node_reasons.get(n.name) or state.get("state_reason")
                                             or "marked unschedulable")
