@@ -164,6 +164,8 @@ class WorkspaceRequest(Resources):
 
     server: Optional[Name] = Field(None, description="server name ('' = the default server)")
     name: Optional[Name] = None
+    image: Optional[Annotated[str, Field(strict=True, min_length=1, max_length=C.MAX_PATH)]] = Field(
+        None, description="the image the server runs (Kubernetes: the spawner's), checked against the queue's policy")
 
 
 class NodeActionRequest(Request):
