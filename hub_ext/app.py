@@ -40,7 +40,7 @@ from .runtime.loop import SchedulerLoop
 from .runtime.metrics import Metrics
 from .runtime.reconcile import WorkspaceReconciler
 from .runtime.sampling import Sampler
-from .runtime.simulated import SIMULATED, SimulatedReadings
+from .runtime.simulated import SimulatedReadings
 from .store import engine as E
 from .store import tables as D
 from .store.inserter import BatchInserter
@@ -107,16 +107,6 @@ class Service:
         if self.nvml is not None:
             out.update({node: self.nvml.utilization() for node in self.settings.gpu_uuids})
         return out
-
-    def readings_source(self, node: str) -> str | None:
-        """Where a node's readings come from: ``nvml``, ``dcgm``, ``simulated`` or None (none)."""
-        if self.nvml is not None and node in self.settings.gpu_uuids:
-            return "nvml"
-        if node in self.dcgm_last:
-            return "dcgm"
-        if self.simulated is not None and any(n.name == node for n in self.simulated.nodes()):
-            return SIMULATED
-        return None
 
     def sample_readings(self) -> dict[str, dict[int, dict]]:
         """What the sampler stores (in a thread: Prometheus is asked over HTTP)."""

@@ -28,7 +28,9 @@ from ... import contract as C
 from ...scheduler.model import DEFAULT_POOL
 from ..domain import usage as U
 from ..store import tables as D
+from ..runtime.simulated import SIMULATED
 from .base import iso
+from .nodes import readings_source
 from .policies import effective
 from .pools import pools_of, queue_entry
 from .scopes import ADMIN_SCOPE, has_scope
@@ -132,7 +134,7 @@ def idle_note(svc: Any) -> str:
     """What the empty idle table means, as things are: no rules, rules without readings, or nothing idle."""
     if not svc.settings.idle_rules:
         return "no idle rules are configured (c.GPUPool.idle_rules, or a policy's idle_time), so no GPU is checked"
-    sources = {svc.readings_source(n.name) for n in svc.settings.nodes} - {None}
+    sources = {readings_source(svc, n.name) for n in svc.settings.nodes} - {None}
     if not sources or svc.settings.pool.usage_sample_seconds <= 0:
         return ("idle rules are configured, but these GPUs have no NVML readings (a declared inventory), so none "
                 "is ever found idle")
@@ -142,7 +144,7 @@ def idle_note(svc: Any) -> str:
 
 def readings_note(svc: Any) -> str:
     """Said wherever the dashboard shows readings when some are simulated (never passed off as NVML's)."""
-    if not any(svc.readings_source(n.name) == "simulated" for n in svc.settings.nodes):
+    if not any(readings_source(svc, n.name) == SIMULATED for n in svc.settings.nodes):
         return ""
     return ("simulated GPU readings (c.GPUPool.simulated_gpu_readings, a demo): the declared GPUs are not "
             "measured; a GPU reads busy while a running job holds it or the hub saw its workspace active, 0 % "
