@@ -40,6 +40,7 @@ from .runtime.loop import SchedulerLoop
 from .runtime.metrics import Metrics
 from .runtime.reconcile import WorkspaceReconciler
 from .runtime.sampling import Sampler
+from .runtime.simulated import SimulatedReadings
 from .store import engine as E
 from .store import tables as D
 from .store.inserter import BatchInserter
@@ -83,6 +84,9 @@ class Service:
         self.dcgm_last: dict[str, dict[int, dict]] = {}  # the latest DCGM readings (Prometheus)
         self.access = QueueAccess(settings)
         self.submissions = Submissions(settings, sessions, self.access, BatchInserter(sessions.kw["bind"]), metrics)
+        # the demo's made-up readings of declared GPUs (runtime/simulated.py), labelled as such wherever shown
+        self.simulated = (SimulatedReadings(settings, sessions, self.server_activity)
+                          if settings.pool.simulated_gpu_readings else None)
 
     async def new_job(self, ident: Identity, request: S.JobRequest | dict) -> Any:
         """Store a job (``request``: the validated body, or a dict, validated here)."""
@@ -96,8 +100,10 @@ class Service:
 
     def gpu_readings(self) -> dict[str, dict[int, dict]]:
         """Live NVML readings of the nodes discovered through NVML on this machine, over the
-        latest DCGM readings from Prometheus (``c.GPUPool.prometheus_url``; the sampler takes them)."""
-        out = dict(self.dcgm_last)
+        latest DCGM readings from Prometheus (``c.GPUPool.prometheus_url``; the sampler takes them),
+        over the simulated readings of declared GPUs (``c.GPUPool.simulated_gpu_readings``)."""
+        out = self.simulated.read() if self.simulated is not None else {}
+        out.update(self.dcgm_last)
         if self.nvml is not None:
             out.update({node: self.nvml.utilization() for node in self.settings.gpu_uuids})
         return out
@@ -177,11 +183,12 @@ async def serve(settings: Settings) -> int:
     reconciler.start()
     sampler = Sampler(sessions, svc.sample_readings, pool.usage_sample_seconds, pool.usage_raw_retention,
                       pool.usage_rollup_seconds, pool.usage_rollup_retention, metrics=metrics)
-    if (nvml is not None and settings.gpu_uuids) or pool.prometheus_url:
+    if (nvml is not None and settings.gpu_uuids) or pool.prometheus_url or svc.simulated is not None:
         sampler.start()
     svc.sampler = sampler
     checker = IdleChecker(loop, sessions, settings.idle_rules, pool.idle_window_seconds, metrics,
-                               limits=settings.max_runtime, warning=pool.max_runtime_warning)
+                          limits=settings.max_runtime, warning=pool.max_runtime_warning,
+                          simulated={n.name for n in svc.simulated.nodes()} if svc.simulated is not None else ())
     checker.start()
     svc.idle = checker
     prober = EndpointProber(sessions, backend, pool.job_root, pool.endpoint_probe_seconds)  # endpoints' readiness

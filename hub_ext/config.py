@@ -33,7 +33,7 @@ from .config_endpoints import EndpointSettings, endpoint_errors
 from .config_gpus import GpuTruthSettings
 from .config_pools import PoolSettings, pool_errors
 from .domain.idle_rules import RuleError, resolve_limits, resolve_rules
-from .domain.policies import merge_time_rules, resolve as resolve_policies
+from .domain.policies import merge_time_rules, resolve as resolve_policies, unknown_pools
 from .web.scopes import role_errors
 
 QUEUE_ACCESS_FIELDS = ("users", "groups")
@@ -437,6 +437,8 @@ def _examine(config: Config | GPUPool | dict, cwd: str | None, discover: bool) -
             errors.append(str(e))
     policies, policy_errors = resolve_policies(raw, queues) if queues else ({}, [])
     errors += policy_errors
+    if nodes_ok and isinstance(pool.nodes, list):  # declared nodes: a policy's pools must be theirs
+        errors += unknown_pools(raw, {n.pool for n in nodes})
     if pool.default_queue and access and pool.default_queue not in access:
         errors.append(f"c.GPUPool.default_queue: unknown queue {pool.default_queue!r}")
     errors += knob_errors(pool) + pool_errors(pool) + endpoint_errors(pool)

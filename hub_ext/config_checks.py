@@ -59,6 +59,8 @@ def knob_errors(pool: Any) -> list[str]:
         errors.append(f"c.GPUPool.gpu_memory_reserve_min: {e}")
     if pool.usage_rollup_seconds <= 0:
         errors.append("c.GPUPool.usage_rollup_seconds: must be > 0")
+    if pool.simulated_activity_seconds <= 0:
+        errors.append("c.GPUPool.simulated_activity_seconds: must be > 0")
     if "{" in pool.work_dir:
         try:
             pool.work_dir.format(home="/h", user="u")

@@ -13,6 +13,9 @@ directory to start over.
   ``CUDA_VISIBLE_DEVICES`` names devices that do not exist here), in two node pools: a build
   environment (``build``: 24Gi GPUs, where workspaces go first) and a train environment
   (``train``: 80Gi GPUs, where jobs go first); each queue deserves 2 GPUs in each pool.
+* Idle GPUs: a workspace whose GPUs read 0 % for 30 minutes is suspended (one click on the hub's
+  home page resumes it); the declared GPUs get simulated readings (``simulated_gpu_readings``:
+  busy while a job runs or the server is active, 0 % otherwise), labelled so wherever shown.
 * Servers: :class:`gpupool.spawner.LocalGPUSpawner` with homes in ``.gpupool-demo/homes/<user>``,
   seeded with the welcome notebook and ``train.ipynb`` (a checkpointing training loop: a first job
   that survives a preemption); ``slow_spawn_timeout`` is short so the queue position shows
@@ -57,6 +60,8 @@ class DemoOptions:
     proxy_command: str = "configurable-http-proxy"
     singleuser: str = ""  # path of jupyterhub-singleuser; default: next to this Python
     admission_timeout: float = 600.0
+    idle_after: str = "30m"  # the idle rule of workspaces
+    simulated_activity: float = 600.0  # declared GPUs: seconds a server's GPUs read busy after its last activity
     control_token: str = field(default_factory=lambda: secrets.token_hex(32))  # the CLI stops servers with it
     extra: dict = field(default_factory=dict)
 
@@ -130,6 +135,13 @@ def config_text(root: Path, opts: DemoOptions) -> str:
         "root": str(root), "nodes": nodes_for(opts.gpus), "queues": DEMO_QUEUES,
     }
     pools = ""
+    readings = ""
+    if opts.gpus != "real":  # declared GPUs have no readings: simulated ones show the idle rules at work
+        readings = ("# The declared GPUs are not measured: SIMULATED readings (labelled so everywhere) let the idle rules\n"
+                    "# be seen at work. A GPU reads busy while a running job holds it, or while the hub saw its\n"
+                    "# workspace's server active in the last simulated_activity_seconds; 0 % otherwise.\n"
+                    "c.GPUPool.simulated_gpu_readings = True\n"
+                    f"c.GPUPool.simulated_activity_seconds = {opts.simulated_activity!r}\n")
     if opts.gpus != "real":  # the declared nodes are two pools: a build and a train environment
         settings["queues"] = DEMO_POOL_QUEUES
         pools = ("# build and train environments (docs/admin.md): workspaces prefer the small GPUs of pool build,\n"
@@ -187,9 +199,8 @@ c.GPUPool.work_dir = os.path.join(ROOT, "homes", "{{user}}")
 c.GPUPool.db_url = "sqlite:///" + os.path.join(ROOT, "gpupool.sqlite")
 c.GPUPool.job_root = os.path.join(ROOT, "jobs")
 # idle GPUs (docs/admin.md): suspend a workspace whose GPUs read 0 % for 30 minutes, flag idle jobs.
-# Only GPUs that NVML reads are judged; the declared demo GPUs have no readings, so nothing is idle.
-c.GPUPool.idle_rules = {{"*": {{"interactive": {{"after": "30m"}}, "train": {{"after": "1h", "action": "flag"}}}}}}
-configure(c)
+c.GPUPool.idle_rules = {{"*": {{"interactive": {{"after": "{opts.idle_after}"}}, "train": {{"after": "1h", "action": "flag"}}}}}}
+{readings}configure(c)
 
 # -- servers idle for an hour are stopped, so their GPUs go back to the pool (jupyterhub-idle-culler) --
 add_idle_culler(c, timeout=3600)
@@ -228,6 +239,8 @@ def banner(opts: DemoOptions) -> str:
     return (f"\ngpupool demo hub is up: {url}\n"
             f"  log in as alice (queue vision), bob (queue nlp) or carol (admin); password: {DEMO_PASSWORD}\n"
             f"  GPUs: {gpus}\n"
+            + (f"  idle workspaces are suspended after {opts.idle_after} of 0 % (SIMULATED readings of the declared GPUs: "
+               "busy while a job runs or the server is in use)\n" if opts.gpus != "real" else "") +
             f"  dashboard (queues, GPU-hours, idle GPUs): {url}services/gpupool/  ·  `gpupool report --since ...`\n"
             f"  files: {DEMO_DIR}/ (delete it to start over); Ctrl-C stops the hub and every server\n"
             f"  (running jobs keep running; the next start re-adopts them)\n")

@@ -12,6 +12,8 @@ field           example                     meaning
 ``queue``       ``"vision"``                a queue the user may submit to (default: the first)
 ``preemptible`` ``true``                    may borrow idle GPUs beyond the queue's quota, but
                                             can be preempted when the owner queue needs them
+``pool``        ``"build"``                 the node pool to run in (default: the queue's
+                                            preference per kind, ``c.GPUPool.pool_preference``)
 =============== =========================== ==================================================
 
 Everything here is pure (no I/O) so the KubeSpawner subclass and the local spawner share it.
@@ -28,7 +30,7 @@ from ..templating import render
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
-OPTION_FIELDS = ("gpus", "gpu_memory", "queue", "preemptible")
+OPTION_FIELDS = ("gpus", "gpu_memory", "queue", "preemptible", "pool")
 
 
 class OptionError(ValueError):
@@ -49,6 +51,8 @@ class GPURequest:
     gpu_memory: int = 0
     queue: str | None = None
     preemptible: bool = False
+    pools: tuple[str, ...] = ()  # the node pool the user chose (none: the service's preference)
+    image: str | None = None  # the image the server runs, where the spawner has one (Kubernetes)
 
     @property
     def wants_gpu(self) -> bool:
@@ -66,6 +70,10 @@ class GPURequest:
             out["gpus"] = self.gpus
         if self.queue:
             out["queue"] = self.queue
+        if self.pools:
+            out["pools"] = list(self.pools)
+        if self.image:
+            out["image"] = self.image
         return out
 
 
@@ -158,7 +166,16 @@ def parse_user_options(options: Any, *, max_gpus: int = 8,
     preemptible = default_preemptible
     if options.get("preemptible") is not None:
         preemptible = parse_bool(options["preemptible"], "preemptible")
-    return GPURequest(gpus=gpus, gpu_memory=gpu_memory, queue=queue, preemptible=preemptible)
+    pool = options.get("pool")
+    if isinstance(pool, list) and len(pool) == 1:  # raw form data
+        pool = pool[0]
+    if pool in (None, ""):
+        pools: tuple[str, ...] = ()
+    elif isinstance(pool, str) and pool.strip():
+        pools = (pool.strip(),)  # the service checks it (a pool of the nodes, allowed by the queue's policy)
+    else:
+        raise OptionError("pool", "must be the name of a node pool")
+    return GPURequest(gpus=gpus, gpu_memory=gpu_memory, queue=queue, preemptible=preemptible, pools=pools)
 
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:
@@ -183,6 +200,9 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict:
     queue = one("queue")
     if queue:
         out["queue"] = queue
+    pool = one("pool")
+    if pool:
+        out["pool"] = pool
     out["preemptible"] = (one("preemptible") or "").lower() in ("on", "true", "1", "yes")
     return out
 
@@ -199,7 +219,8 @@ def queue_policy(policy: dict | None, max_gpus: int) -> dict:
             most = min(most, float(limits[key]))
     where = {k: v.get("set_by") for k, v in (policy.get("limits") or {}).items()}
     return {"max_gpus": most, "gpus": defaults.get("gpus"), "gpu_memory": defaults.get("gpu_memory"),
-            "preemptible": defaults.get("preemptible"), "set_by": where.get("gpus") or where.get("gpus_per_pod")}
+            "preemptible": defaults.get("preemptible"), "set_by": where.get("gpus") or where.get("gpus_per_pod"),
+            "allowed_pools": limits.get("pools")}
 
 
 def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0.5), max_gpus: int = 8,
@@ -222,9 +243,12 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
     for q in queues:
         pools = pool_rows(q)  # with node pools, what a queue deserves is its quotas' sum over them
         deserved = sum(p["deserved"] for p in pools) if pools else float((q.get("deserved") or {}).get("gpu", 0))
+        policy = queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus)
+        if policy["allowed_pools"] is not None:  # the pools its workload policy lets workspaces use
+            pools = [p for p in pools if p["name"] in policy["allowed_pools"]]
         rows.append({"name": str(q.get("name", "")), "deserved": deserved,
                      "allocated": float((q.get("allocated") or {}).get("gpu", 0)), "pending": q.get("pending", 0),
-                     **queue_policy((policies or {}).get(str(q.get("name", ""))), max_gpus), "pools": pools})
+                     **policy, "pools": pools})
     current_queue = d.get("queue") if any(r["name"] == d.get("queue") for r in rows) else (rows[0]["name"] if rows
                                                                                           else "")
     policy = next((r for r in rows if r["name"] == current_queue), queue_policy(None, max_gpus))
@@ -240,7 +264,11 @@ def render_form(*, queues: Sequence[dict], fractions: Sequence[float] = (0.25, 0
         chosen = float(policy["gpus"] or 0)
         gpu_memory_value = format_bytes(policy["gpu_memory"]) if policy["gpu_memory"] else ""
     preemptible = d.get("preemptible") if "preemptible" in d else policy["preemptible"]
+    menu = pool_menu(rows)
+    current_pool = d.get("pool") if any(m["name"] == d.get("pool") and current_queue in m["queues"]
+                                        for m in menu) else ""
     return render(_HERE, "gpu_form.html", note=note, gpu_options=gpu_options, current_gpus=f"{chosen:g}",
+                  pool_menu=menu, current_pool=current_pool,
                   gpu_memory_value=gpu_memory_value, gpu_memory=0 if gpu_kinds else gpu_memory,
                   gpu_model=gpu_kinds or gpu_model,
                   queues=rows, current_queue=current_queue, max_allowed=policy["max_gpus"],
@@ -256,6 +284,18 @@ def pool_rows(queue: dict) -> list[dict]:
     return [{"name": name, "free": float(p.get("free") or 0), "queued": int(p.get("queued") or 0),
              "deserved": float((p.get("deserved") or {}).get("gpu", 0))}
             for name, p in pools.items() if p.get("may_use", True)]
+
+
+def pool_menu(rows: Sequence[dict]) -> list[dict]:
+    """The spawn page's node pool menu: every pool some queue of the user may use (quota and
+    policy), with its free GPUs and waiting workloads and the queues that may use it."""
+    menu: dict[str, dict] = {}
+    for r in rows:
+        for p in r["pools"]:
+            entry = menu.setdefault(p["name"], {"name": p["name"], "free": p["free"], "queued": p["queued"],
+                                                "queues": []})
+            entry["queues"].append(r["name"])
+    return list(menu.values())
 
 
 def render_unavailable() -> str:

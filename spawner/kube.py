@@ -32,6 +32,7 @@ Without ``profile_list`` users get the mixin's GPU form (GPUs, queue, preemptibl
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -65,6 +66,8 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
         ``nvidia.com/gpu`` request only the runtime reads NVIDIA_VISIBLE_DEVICES).""",
     ).tag(config=True)
 
+    _profile_image: str | None = None  # the image the chosen profile and its options ask for
+
     # what admission granted, for the pod manifest and the environment
     _gpu_node_uuids: list[str] | None = None
     _gpu_node_memory: int = 0
@@ -91,10 +94,12 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
     # -- user_options -> GPU request, profiles included -----------------------------------------
     async def _profile_gpu_request(self, user_options: dict) -> tuple[dict, set[str]]:
         """The ``gpupool`` override of the chosen profile and its chosen options, and the
-        user_options keys that belong to KubeSpawner's profile form."""
+        user_options keys that belong to KubeSpawner's profile form (``_profile_image``: the
+        image they choose, if any)."""
         self.gpupool = copy.deepcopy(self._gpupool_configured)
         request = dict(self.gpupool)
         profile_keys: set[str] = set()
+        self._profile_image = None
         if not self.profile_list:
             return request, profile_keys
         profile_list = self.profile_list
@@ -109,6 +114,7 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
         except ValueError as e:
             raise SpawnException(f"profile: {e}", status_code=400, reason="gpupool-bad-option") from None
         request.update((profile.get("kubespawner_override") or {}).get("gpupool") or {})
+        self._profile_image = profile_image(profile, user_options)
         for name, option in (profile.get("profile_options") or {}).items():
             profile_keys.update({name, f"{name}--unlisted-choice"})
             choices = option.get("choices") or {}
@@ -132,7 +138,10 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
             gpu_options.pop("gpu_memory", None)
         if "gpu_memory" in request:
             gpu_options.pop("gpus", None)
-        return await super().validate_gpu_options(gpu_options)
+        out = await super().validate_gpu_options(gpu_options)
+        # the image the pod will run, which the queue's workload policy may limit (its ``images``)
+        image = self._profile_image or (self.image if isinstance(self.image, str) else None)
+        return dataclasses.replace(out, image=image or None)
 
     # -- admission -> placement ----------------------------------------------------------------
     def _placement(self) -> PodPlacement | None:
@@ -239,3 +248,24 @@ class GPUPoolKubeSpawner(GPUPoolSpawnerMixin, KubeSpawner):
 
 
 __all__ = ["GPUPoolKubeSpawner"]
+
+
+def profile_image(profile: dict, user_options: dict) -> str | None:
+    """The image a profile of ``profile_list`` runs with the user's choices of its options (a
+    choice's ``kubespawner_override``, an unlisted choice's with ``{value}`` filled in, else the
+    profile's own); None when they name none (the spawner's ``image`` then)."""
+    image = (profile.get("kubespawner_override") or {}).get("image")
+    for name, option in (profile.get("profile_options") or {}).items():
+        unlisted = user_options.get(f"{name}--unlisted-choice")
+        free = option.get("unlisted_choice") or {}
+        if unlisted and free.get("enabled"):
+            override = free.get("kubespawner_override") or {}
+            if isinstance(override.get("image"), str):
+                image = override["image"].format(value=unlisted)
+            continue
+        choices = option.get("choices") or {}
+        chosen = user_options.get(name)
+        choice = choices.get(chosen) if chosen else next((c for c in choices.values() if c.get("default")), None)
+        if choice and (choice.get("kubespawner_override") or {}).get("image"):
+            image = choice["kubespawner_override"]["image"]
+    return image

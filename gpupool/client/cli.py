@@ -455,6 +455,8 @@ def gpu_map(nodes: list[dict], width: int = 20, me: str | None = None) -> str:
             bar = "[" + full * k + empty * (width - k) + "]"
             who = " ".join(f'{a.get("user")}:{a.get("workload")}({_num(a.get("fraction"))})' for a in g.get("allocations") or [])
             util = "-" if g.get("utilization") is None else f'{float(g["utilization"]):.0f}%'
+            if util != "-" and n.get("readings") == "simulated":  # the demo's made-up readings, never passed off as NVML's
+                util += " (simulated)"
             mem = "-"
             if g.get("memory_used") is not None:
                 mem = f'{_bytes(g["memory_used"])}/{_bytes(g.get("memory_total"))}'

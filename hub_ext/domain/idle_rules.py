@@ -174,6 +174,8 @@ def start_options(row: Any) -> dict:
         opts["gpu_memory"] = int(row.gpu_memory)
     else:
         opts["gpus"] = row.gpus
+    if row.pools and len(row.pools) == 1:  # the one node pool it was limited to (chosen, or its policy's)
+        opts["pool"] = row.pools[0]
     return opts
 
 

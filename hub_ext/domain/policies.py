@@ -9,13 +9,16 @@ kind (the contract's kind names), set on any queue or department of ``c.GPUPool.
 * ``defaults`` fill what a request leaves out: ``gpus`` or ``gpu_memory``, ``cpu``, ``memory``,
   ``pods`` (jobs), ``preemptible``, ``run_time`` (the maximum run time a workload of the kind gets).
 * ``limits``: ``gpus`` (the most GPUs per workload: every pod's together), ``gpus_per_pod``, ``pods``,
-  ``run_time`` (the longest run: past it a job is requeued, a workspace suspended) and ``idle_time``
-  (the longest idle time: a workspace is suspended, a job requeued), and, under ``"*"`` only,
-  ``kinds`` (the kinds the queue takes). A GPU-memory share counts as one GPU against the limits.
+  ``run_time`` (the longest run: past it a job is requeued, a workspace suspended), ``idle_time``
+  (the longest idle time: a workspace is suspended, a job requeued), ``pools`` (the node pools it
+  may run in: a request naming another is refused, one naming none runs only there), ``images``
+  (the images a workspace may run, names or shell patterns such as ``quay.io/jupyter/*``: the
+  spawner sends its image) and, under ``"*"`` only, ``kinds`` (the kinds the queue takes). A
+  GPU-memory share counts as one GPU against the limits.
 * ``"*"`` is every kind of the queue; a kind's own entry at the same level adds to it (a default
   of the kind's entry wins, the tighter of two limits holds).
-* A child may only tighten what its parents set: a higher number, a longer time or a kind its
-  parent does not allow is refused at start (``gpupool hub --check``) naming the queue and field.
+* A child may only tighten what its parents set: a higher number, a longer time, or a kind, pool
+  or image its parent does not allow is refused at start (``gpupool hub --check``) naming the queue and field.
   Defaults are inherited and may be changed, but must stay within the effective limits.
 
 The effective policy of a leaf queue (:func:`resolve`) says for every value where it is set
@@ -27,6 +30,7 @@ rules (domain/idle_rules.py) with them, which runtime/idle.py acts on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ...contract import INTERACTIVE, KINDS, format_bytes, format_gpus, format_policy_value
@@ -38,8 +42,9 @@ from .idle_rules import REQUEUE, SUSPEND, Rule, RuleError, human, parse_duration
 
 ALL = "*"
 DEFAULT_FIELDS = ("gpus", "gpu_memory", "cpu", "memory", "pods", "preemptible", "run_time")
-LIMIT_FIELDS = ("gpus", "gpus_per_pod", "pods", "run_time", "idle_time", "kinds")
-SETS = ("kinds",)  # limits that are sets: a child's must be a subset
+LIMIT_FIELDS = ("gpus", "gpus_per_pod", "pods", "run_time", "idle_time", "kinds", "pools", "images")
+SETS = ("kinds", "pools", "images")  # limits that are sets: a child's must be within its parent's
+PATTERNS = ("images",)  # sets of names or shell patterns (``quay.io/jupyter/*``)
 TIMES = ("run_time", "idle_time")
 
 
@@ -123,6 +128,11 @@ def _limit(name: str, value: Any, where: str) -> Any:
         return _number(value, where, whole=True, least=1)
     if name in TIMES:
         return parse_duration(value, where)
+    if name in ("pools", "images"):
+        what = "node pool names" if name == "pools" else "image names or patterns such as 'quay.io/jupyter/*'"
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+            raise PolicyError(f"{where}: must be a list of {what}")
+        return frozenset(v.strip() for v in value)
     if not isinstance(value, list) or not all(isinstance(k, str) for k in value):  # kinds
         raise PolicyError(f"{where}: must be a list of kinds ({', '.join(KINDS)})")
     unknown = [k for k in value if k not in KINDS]
@@ -161,11 +171,20 @@ def parse_policy(raw: Any, where: str) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 # ---------------------------------------------------------------------------------- resolving
+def matches(value: str, patterns: Any) -> bool:
+    """Whether ``value`` (an image, or a child's pattern) is one of ``patterns`` or matches one."""
+    return any(value == p or fnmatchcase(value, p) for p in patterns)
+
+
 def _tighter(name: str, a: Any, b: Any) -> Any:
+    if name in PATTERNS:  # what both lists allow: each one's entries that the other admits
+        return frozenset({x for x in a if matches(x, b)} | {x for x in b if matches(x, a)})
     return a & b if name in SETS else min(a, b)
 
 
 def _looser(name: str, child: Any, parent: Any) -> bool:
+    if name in PATTERNS:
+        return not all(matches(x, parent) for x in child)
     return not child <= parent  # numbers: more; sets: not a subset
 
 
@@ -225,6 +244,14 @@ def resolve(raw_queues: list[dict], queues: list[Any]) -> tuple[dict[str, dict[s
                         if name in ("gpus", "gpu_memory"):  # the one replaces the other
                             eff.defaults.pop("gpu_memory" if name == "gpus" else "gpus", None)
                         eff.defaults[name] = Setting(value, here)
+            for name in ("pools", "images"):
+                lim = eff.limits.get(name)
+                if lim is not None and not lim.value:
+                    msg = (f"{where_of[lim.level.split(' ', 1)[1]]}.{kind}.limits.{name}: queue {q.name} is left no "
+                           f"{name[:-1]} for {_kind_words(kind)} (the lists of '*' and {kind} have none in common)")
+                    if msg not in reported:
+                        reported.add(msg)
+                        errors.append(msg)
             kinds = eff.limits.pop("kinds", None)
             if kinds is not None and kind not in kinds.value:
                 eff.allowed = Setting(False, kinds.level)
@@ -234,6 +261,21 @@ def resolve(raw_queues: list[dict], queues: list[Any]) -> tuple[dict[str, dict[s
                     errors.append(msg)
             out[q.name][kind] = eff
     return out, errors
+
+
+def unknown_pools(raw_queues: list[dict], pools: Any) -> list[str]:
+    """One error per pool a policy names that no declared node is in (a typo would refuse every
+    request of the queue)."""
+    out = []
+    for i, entry in enumerate(raw_queues):
+        policy = entry.get("policy")
+        for kind, parts in (policy.items() if isinstance(policy, dict) else ()):
+            named = ((parts or {}).get("limits") or {}).get("pools") if isinstance(parts, dict) else None
+            for p in named if isinstance(named, list) else ():
+                if isinstance(p, str) and p.strip() not in pools:
+                    out.append(f"c.GPUPool.queues[{i}] ({entry.get('name')}).policy.{kind}.limits.pools: no node is "
+                               f"in pool {p!r} (the pools: {', '.join(sorted(pools))})")
+    return out
 
 
 def _defaults_beyond_limits(queue: str, kind: str, eff: KindPolicy, where_of: dict[str, str]) -> list[str]:
@@ -320,6 +362,34 @@ def check(eff: KindPolicy | None, queue: str, kind: str, w: Any) -> None:
         asked = f" (asked: {pods} pods x {format_gpus(per_pod)})" if pods > 1 else share
         raise APIError(400, f"{field_}: queue {queue} allows at most {format_gpus(lim.value)} per {what}{asked} "
                             f"({lim.where})", field_)
+
+
+def check_pools(eff: KindPolicy | None, queue: str, kind: str, asked: Any) -> None:
+    """Refuse (400 naming ``pools``, the rule and where it is set) a request naming a node pool its
+    queue's policy does not allow for ``kind``."""
+    lim = None if eff is None else eff.limits.get("pools")
+    if lim is None:
+        return
+    for p in asked or ():
+        if p not in lim.value:
+            raise APIError(400, f"pools: queue {queue} may not use pool {p!r} for {_kind_words(kind)} (allowed: "
+                                f"{_words('pools', lim.value)}; {lim.where})", "pools")
+
+
+def allowed_pools(eff: KindPolicy | None) -> Any:
+    """The node pools a policy allows (a frozenset), or None: every pool."""
+    lim = None if eff is None else eff.limits.get("pools")
+    return None if lim is None else lim.value
+
+
+def check_image(eff: KindPolicy | None, queue: str, kind: str, image: str | None) -> None:
+    """Refuse (400 naming ``image``) an image the policy's ``images`` limit does not allow. A
+    request that names no image (the local backend has none) passes."""
+    lim = None if eff is None else eff.limits.get("images")
+    if lim is None or not image or matches(image, lim.value):
+        return
+    raise APIError(400, f"image: queue {queue} does not allow image {image!r} for {_kind_words(kind)} (allowed: "
+                        f"{_words('images', lim.value)}; {lim.where})", "image")
 
 
 def view(eff: KindPolicy) -> dict[str, Any]:

@@ -31,11 +31,23 @@ def preferred_pools(pool: Any, kind: str, nodes: Any, gpus: float = 0.0) -> tupl
                  and any(n.pool == p for n in nodes))
 
 
-def request_pools(asked: Any, pool: Any, kind: str, nodes: Any, gpus: float = 0.0) -> tuple[str, ...]:
+def request_pools(asked: Any, pool: Any, kind: str, nodes: Any, gpus: float = 0.0,
+                  allowed: Any = None) -> tuple[str, ...]:
     """The pools a request runs in: its own (each one a pool some node is in, and one of them with
-    a node that holds ``gpus`` per pod: else a 400 naming the field), or the preference of its kind."""
+    a node that holds ``gpus`` per pod: else a 400 naming the field), or the preference of its kind.
+    ``allowed``: the pools its queue's policy allows (None: all; domain/policies.py checks that the
+    request names no other): a request naming none runs in those, its kind's preference first."""
     if not asked:
-        return preferred_pools(pool, kind, nodes, gpus)
+        preferred = preferred_pools(pool, kind, nodes, gpus)
+        if allowed is None:
+            return preferred
+        mine = [p for p in preferred if p in allowed]
+        mine += [p for p in sorted(allowed) if p not in mine and _biggest(nodes, p) >= gpus
+                 and any(n.pool == p for n in nodes)]
+        if not mine:
+            raise APIError(400, f"gpus: no node in the pools this queue may use ({', '.join(sorted(allowed))}) has "
+                                f"{gpus:g} GPUs", "gpus")
+        return tuple(mine)
     have = {n.pool for n in nodes}
     for p in asked:
         if p not in have:

@@ -103,7 +103,10 @@ class Submissions:
             w = parse_workload(entry, "request", self.access.queue_map)
         except SpecError as e:
             raise spec_error(e) from None
-        w.pools = request_pools(w.pools, self.settings.pool, kind, self.settings.nodes, w.gpus)  # domain/pools.py
+        eff = self.policy(queue, kind)
+        policies.check_pools(eff, queue, kind, w.pools)  # a pool the queue's policy does not allow: 400
+        w.pools = request_pools(w.pools, self.settings.pool, kind, self.settings.nodes, w.gpus,  # domain/pools.py
+                                allowed=policies.allowed_pools(eff))
         if w.gpus > 0 and self.max_gpus == 0:
             raise APIError(400, "gpus: the pool has no GPUs (ask for gpus: 0 or none)", "gpus")
         if w.gpus > self.max_gpus:
@@ -115,7 +118,7 @@ class Submissions:
                 raise APIError(400, f"gpu_memory: no GPU has {C.format_bytes(w.gpu_memory)} "
                                     f"(the largest has {C.format_bytes(self.max_gpu_memory)} once the driver's "
                                     "reserve is kept: c.GPUPool.gpu_memory_reserve)", "gpu_memory")
-        policies.check(self.policy(queue, kind), queue, kind, w)
+        policies.check(eff, queue, kind, w)
         return w
 
     # ------------------------------------------------------------------ jobs
@@ -193,6 +196,7 @@ class Submissions:
         user = owner.name
         queue = self.access.choose(owner, request.queue)
         request = self.with_defaults(request, queue, C.INTERACTIVE)
+        policies.check_image(self.policy(queue, C.INTERACTIVE), queue, C.INTERACTIVE, request.image)
         preemptible = request.preemptible
         if preemptible is None:
             preemptible = self.settings.pool.workspace_preemptible_default

@@ -29,8 +29,9 @@ class IdleChecker(Periodic):
 
     def __init__(self, loop: Any, sessions: Any, rules: dict[tuple[str, str], Rule], window: float,
                  metrics: Any = None, clock: Any = time.time, limits: dict[tuple[str, str], Rule] | None = None,
-                 warning: float = 600.0):
+                 warning: float = 600.0, simulated: Any = ()):
         self.loop = loop
+        self.simulated = frozenset(simulated)  # nodes whose readings are made up (runtime/simulated.py)
         self.sessions = sessions
         self.rules = rules
         self.limits = limits or {}
@@ -99,8 +100,9 @@ class IdleChecker(Periodic):
                     current[pid]["state"] = state
                     gpu_words = "GPU" if row.gpus == 1 else "GPUs"
                     held = " while holding GPU memory (idle-held)" if state == GPU_HELD else ""
-                    why = (f"its {gpu_words} stayed idle (0 % utilisation){held} for {human(rule.after)} "
-                           f"({rule.source})")
+                    reading = ("0 % simulated utilisation: no activity seen" if self.simulated and any(
+                        p.node in self.simulated for p in decode_allocation(row.allocation)) else "0 % utilisation")
+                    why = f"its {gpu_words} stayed idle ({reading}){held} for {human(rule.after)} ({rule.source})"
                     if await self.act(s, row, rule, now, why):
                         acted.append(pid)
                         current.pop(pid, None)

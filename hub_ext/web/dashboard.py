@@ -28,7 +28,9 @@ from ... import contract as C
 from ...scheduler.model import DEFAULT_POOL
 from ..domain import usage as U
 from ..store import tables as D
+from ..runtime.simulated import SIMULATED
 from .base import iso
+from .nodes import readings_source
 from .policies import effective
 from .pools import pools_of, queue_entry
 from .scopes import ADMIN_SCOPE, has_scope
@@ -110,6 +112,7 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
     return {"user": name, "admin": admin, "now": iso(now), "gpus_total": total, "queues": queues,
             "timeline": timeline, "pending": pending, "running": running, "idle": idle, "week": week,
             "since_week": iso(now - 7 * DAY), "policies": policy_rows(svc), "idle_note": idle_note(svc),
+            "readings_note": readings_note(svc),
             "pools": pools["pools"], "fairness": st.fairness_on}
 
 
@@ -131,11 +134,21 @@ def idle_note(svc: Any) -> str:
     """What the empty idle table means, as things are: no rules, rules without readings, or nothing idle."""
     if not svc.settings.idle_rules:
         return "no idle rules are configured (c.GPUPool.idle_rules, or a policy's idle_time), so no GPU is checked"
-    if svc.nvml is None or not svc.settings.gpu_uuids or svc.settings.pool.usage_sample_seconds <= 0:
+    sources = {readings_source(svc, n.name) for n in svc.settings.nodes} - {None}
+    if not sources or svc.settings.pool.usage_sample_seconds <= 0:
         return ("idle rules are configured, but these GPUs have no NVML readings (a declared inventory), so none "
                 "is ever found idle")
     return (f"idle rules are configured for {len(svc.settings.idle_rules)} queue and class pairs; no workload's "
             "GPUs have read 0 % for as long as its rule says")
+
+
+def readings_note(svc: Any) -> str:
+    """Said wherever the dashboard shows readings when some are simulated (never passed off as NVML's)."""
+    if not any(readings_source(svc, n.name) == SIMULATED for n in svc.settings.nodes):
+        return ""
+    return ("simulated GPU readings (c.GPUPool.simulated_gpu_readings, a demo): the declared GPUs are not "
+            "measured; a GPU reads busy while a running job holds it or the hub saw its workspace active, 0 % "
+            "otherwise, so that the idle rules can be seen at work")
 
 
 def _handlers() -> tuple[type, type, type]:

@@ -10,10 +10,24 @@ from sqlalchemy import select
 from ...contract import NODE_ACTIONS, decode_allocation
 from ..domain import nodes as N
 from ..domain.errors import APIError
+from ..runtime.simulated import SIMULATED
 from ..store import tables as D
 from . import schemas
 from .base import BaseHandler
 from .scopes import ADMIN, SUBMIT, needs_scope
+
+
+def readings_source(svc: Any, node: str) -> str | None:
+    """Where a node's readings come from: ``nvml``, ``dcgm``, ``simulated`` (made up:
+    runtime/simulated.py, never shown as measured) or None (none)."""
+    if getattr(svc, "nvml", None) is not None and node in svc.settings.gpu_uuids:
+        return "nvml"
+    if node in (getattr(svc, "dcgm_last", None) or {}):
+        return "dcgm"
+    simulated = getattr(svc, "simulated", None)
+    if simulated is not None and any(n.name == node for n in simulated.nodes()):
+        return SIMULATED
+    return None
 
 
 def node_views(svc: Any, only: Iterable[str] | None = None) -> list[dict]:
@@ -49,7 +63,8 @@ def node_views(svc: Any, only: Iterable[str] | None = None) -> list[dict]:
         state = states.view(n.name, n.name in held)
         schedulable = n.schedulable and n.name not in states.out
         node = {"name": n.name, "gpu_model": n.gpu_model, "gpu_memory": n.gpu_memory, "pool": n.pool,
-                "schedulable": schedulable, "labels": n.labels, "gpus": gpus, **state}
+                "schedulable": schedulable, "labels": n.labels, "gpus": gpus,
+                "readings": readings_source(svc, n.name), **state}
         if not schedulable:
             node["unschedulable_reason"] = (svc.loop.node_reasons.get(n.name) or state.get("state_reason")
                                             or "marked unschedulable")

@@ -164,6 +164,8 @@ class WorkspaceRequest(Resources):
 
     server: Optional[Name] = Field(None, description="server name ('' = the default server)")
     name: Optional[Name] = None
+    image: Optional[Annotated[str, Field(strict=True, min_length=1, max_length=C.MAX_PATH)]] = Field(
+        None, description="the image the server runs (Kubernetes: the spawner's), checked against the queue's policy")
 
 
 class NodeActionRequest(Request):
@@ -416,6 +418,9 @@ class Node(Answer):
     schedulable: bool
     labels: dict[str, str]
     gpus: list[GpuOut]
+    readings: Optional[Literal["nvml", "dcgm", "simulated"]] = Field(
+        None, description="where its GPUs' utilisation and memory readings come from; simulated: made up "
+                          "from activity (c.GPUPool.simulated_gpu_readings, the demo), not measured; null: none")
     unschedulable_reason: Optional[str] = None
     state: Literal[C.NODE_STATES] = Field(description="up; draining (drained, workloads still leaving it), drained; failed")  # type: ignore[valid-type]  # noqa: E501
     state_reason: Optional[str] = Field(None, description="why it is out: who took it out and their words, or what the backend found (e.g. 'NotReady in Kubernetes')")  # noqa: E501
