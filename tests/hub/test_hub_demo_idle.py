@@ -33,8 +33,8 @@ def demo_settings(tmp) -> dict:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    from conftest import PASSWORD
-    from test_spawner import _extra
+    from shared_hub import PASSWORD
+    from spawner_harness import spawner_config as _extra
 
     tmp = tmp_path_factory.mktemp("demo-idle")
     with Hub(tmp, gpupool=demo_settings(tmp), users=["alice"], admins=["admin"],
@@ -52,7 +52,7 @@ def gpus_of(hub, node: str) -> tuple[str | None, list[dict]]:
 
 
 def test_the_demo_suspends_an_idle_workspace_keeps_an_active_one_and_resumes_it(hub):
-    from test_spawner import _server, _start, _wait_ready
+    from spawner_harness import start_server as _start, user_server as _server, wait_server_ready as _wait_ready
 
     alice = hub.token("alice")
     readings, gpus = gpus_of(hub, "build-node")
@@ -91,7 +91,7 @@ def test_the_demo_suspends_an_idle_workspace_keeps_an_active_one_and_resumes_it(
     assert gpus_of(hub, node)[1][gpu]["allocated"] == 0
 
     # the dashboard says the readings are simulated, next to the chart and the idle table (Chromium)
-    from test_dashboard import ARTIFACTS, chromium, open_dashboard
+    from browser_harness import ARTIFACTS, chromium, open_dashboard
 
     with chromium() as browser:
         page = open_dashboard(browser, hub, "admin")

@@ -25,8 +25,8 @@ RULE = "pools: queue vision may not use pool 'train' for workspaces (allowed: bu
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    from conftest import PASSWORD
-    from test_spawner import _extra
+    from shared_hub import PASSWORD
+    from spawner_harness import spawner_config as _extra
 
     tmp = tmp_path_factory.mktemp("policy-pools")
     with Hub(tmp, gpupool={"nodes": NODES, "queues": QUEUES}, users=["alice"], admins=["admin"],
@@ -36,7 +36,7 @@ def hub(tmp_path_factory):
 
 def test_pool_and_image_limits_refuse_naming_the_rule_on_the_api_and_the_cli(hub):
     from api_fuzzing import check_documented
-    from test_hub_policies import cli
+    from gpupool_cli import cli
 
     doc = hub.api("GET", "openapi.json").json()
     r = hub.api("POST", "workspaces/alice", hub.service_token, json={"queue": "vision", "gpus": 1, "pools": ["train"]})
@@ -62,15 +62,15 @@ def test_pool_and_image_limits_refuse_naming_the_rule_on_the_api_and_the_cli(hub
     assert vision["kinds"]["interactive"]["limits"] == {
         "images": {"value": ["quay.io/jupyter/*"], "set_by": "department research"},
         "pools": {"value": ["build"], "set_by": "queue vision"}}
-    res = cli(hub, "policy", "vision")
+    res = cli(hub, "policy", "vision", token=hub.token("alice"))
     lines = [line.split() for line in res.stdout.splitlines()]
     assert ["interactive", "limit", "pools", "build", "queue", "vision"] in lines, res.stdout
     assert ["interactive", "limit", "images", "quay.io/jupyter/*", "department", "research"] in lines
 
 
 def test_the_spawn_page_offers_the_queues_pools_and_the_choice_is_the_workspaces(hub):
-    from test_dashboard import ARTIFACTS, chromium, login
-    from test_spawner import _server, _stop, _wait_ready
+    from browser_harness import ARTIFACTS, chromium, login
+    from spawner_harness import stop_server as _stop, user_server as _server, wait_server_ready as _wait_ready
 
     with chromium() as browser:
         page = login(browser, hub, "alice")
