@@ -189,7 +189,11 @@ class Job:
 
     def _repr_html_(self) -> str:
         from gpupool.widgets.render import job_html
-        return job_html(self._data)
+        try:
+            url = self.url
+        except GPUPoolError:  # no hub configured here: the endpoint's path alone
+            url = None
+        return job_html({**self._data, "url": url} if url else self._data)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Job) and other.id == self.id
