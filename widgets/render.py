@@ -252,6 +252,12 @@ def endpoints_html(endpoints: Sequence[Mapping]) -> str:
     return _render("endpoints.html", endpoints=[endpoint_row(j) for j in endpoints])
 
 
+def wait_html(title: str, status: str, text: str, elapsed: str = "") -> str:
+    """What ``job.wait()`` shows in a notebook: the id whole, the status as a badge, the time
+    waited, and the reason in full, wrapped to the cell's width (gpupool/client/progress.py)."""
+    return _render("wait.html", title=title, status=status, text=text, elapsed=elapsed)
+
+
 def workspace_html(ws: Mapping | None) -> str:
     """The notebook's own server as the scheduler sees it: status, GPUs and its reason, which says
     when it will be suspended (maximum run time, idle GPUs; docs/admin.md). Empty without one."""
