@@ -76,3 +76,25 @@ def test_a_title_in_the_text_is_said_once():
     bar = progress.Progress("sweep lr", notebook=False, stream=out)
     bar.show("running", "sweep lr running: 2/4 trials done, 1 active")
     assert out.getvalue().strip() == "[0:00] sweep lr running: 2/4 trials done, 1 active"
+
+
+@pytest.mark.browser
+def test_the_line_wraps_in_a_narrow_cell_and_keeps_the_id_on_one_line():
+    """The notebook line in headless Chromium, in an output area 360 px wide: nothing is cut at
+    the edge, the id stays on one line, the reason wraps onto several."""
+    from test_dashboard import chromium
+    from gpupool.widgets.render import wait_html
+
+    html = wait_html("j-000015", "queued", REASON, "0:12")
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 800, "height": 600})
+        page.set_content(f'<div id="cell" style="width:360px;overflow:hidden">{html}</div>')
+        box = page.evaluate("""() => {
+            const r = e => document.querySelector(e).getBoundingClientRect();
+            const line = parseFloat(getComputedStyle(document.querySelector('.gpupool-reason')).lineHeight);
+            return {cell: r('#cell').right, width: document.querySelector('#cell').clientWidth, title: r('.gpupool-wait-title').height, line,
+                    reason: r('.gpupool-reason').height, right: Math.max(r('.gpupool-reason').right,
+                    r('.gpupool-wait-title').right), scroll: document.querySelector('#cell').scrollWidth}}""")
+    assert box["title"] <= box["line"] * 1.2  # j-000015 on one line
+    assert box["reason"] >= 3 * box["line"] * 0.9  # the long reason wraps onto several lines
+    assert box["right"] <= box["cell"] + 1 and box["scroll"] <= box["width"]  # nothing past the edge
