@@ -22,7 +22,7 @@ _CLIENT = (
     "Unauthorized", "choice", "connect", "intuniform", "log_metric", "loguniform", "nodes", "queues",
     "submit", "uniform", "serve", "endpoints",
 )
-_WIDGETS = ("dashboard", "QueueView", "GPUView", "JobView", "SweepView", "JobsView")
+_WIDGETS = ("dashboard", "QueueView", "GPUView", "JobView", "SweepView", "JobsView", "EndpointsView")
 _LAZY = {**{n: "gpupool.client" for n in _CLIENT}, **{n: "gpupool.widgets" for n in _WIDGETS},
          "jobs": "gpupool.client.jobs", "sweep": "gpupool.client.sweep"}
 

@@ -326,4 +326,18 @@ def endpoint_path(service_prefix: str, job_id: str) -> str:
     return f"{service_prefix.rstrip('/')}/{ENDPOINT_ROUTE}/{job_id}/"
 
 
-__all__ += ["EndpointState", "ENDPOINT_STATES", "ENDPOINT_ROUTE", "MAX_SHARES", "endpoint_path"]
+def endpoint_shown_state(status: str | None, endpoint_state: str | None) -> str:
+    """What a list of endpoints says of one (the CLI, the widgets, the dashboard): ``ready`` or
+    ``starting`` while its job runs, else the job's status (``queued``, ``failed``, ...)."""
+    if status == RUNNING:
+        return endpoint_state or EndpointState.STARTING.value
+    return str(status or "?")
+
+
+def endpoint_replicas(ready: int | None, pods: int | None) -> str:
+    """``1/2``: the replicas that answer the readiness probe, of those asked for."""
+    return f"{int(ready or 0)}/{int(pods or 1)}"
+
+
+__all__ += ["EndpointState", "ENDPOINT_STATES", "ENDPOINT_ROUTE", "MAX_SHARES", "endpoint_path",
+            "endpoint_shown_state", "endpoint_replicas"]

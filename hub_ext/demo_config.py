@@ -17,9 +17,11 @@ directory to start over.
   home page resumes it); the declared GPUs get simulated readings (``simulated_gpu_readings``:
   busy while a job runs or the server is active, 0 % otherwise), labelled so wherever shown.
 * Servers: :class:`gpupool.spawner.LocalGPUSpawner` with homes in ``.gpupool-demo/homes/<user>``,
-  seeded with the welcome notebook and ``train.ipynb`` (a checkpointing training loop: a first job
-  that survives a preemption); ``slow_spawn_timeout`` is short so the queue position shows
-  on the spawn page at once.
+  seeded with the welcome notebook, ``train.ipynb`` (a checkpointing training loop: a first job
+  that survives a preemption, and trains the model ``serve_model.py`` serves as an endpoint);
+  JupyterLab opens on the welcome notebook at a user's first start (:func:`welcome_on_first_start`),
+  on the launcher afterwards; ``slow_spawn_timeout`` is short so the queue position shows on the
+  spawn page at once.
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ DEMO_POOL_PREFERENCE = {"interactive": ["build", "train"], "train": ["train", "b
 EXAMPLE_NOTEBOOK = "demo.ipynb"
 EXAMPLE_DDP = "ddp_train.py"  # a 2-worker job: gpupool submit --pods 2 --gpus 1 ddp_train.py (needs torch)
 TRAIN_NOTEBOOK = "train.ipynb"  # examples/train_checkpoint.ipynb: a first job that survives preemption
+EXAMPLE_SERVE = "serve_model.py"  # serves the model train.ipynb writes: gpupool serve serve_model.py
+WELCOMED = ".gpupool-welcomed"  # in a home: JupyterLab has opened on the welcome notebook once
 
 
 @dataclass
@@ -113,6 +117,19 @@ def _train_notebook() -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
+def welcome_on_first_start(spawner) -> None:
+    """The demo's ``Spawner.pre_spawn_hook``: a user's first server opens JupyterLab on the welcome
+    notebook; later ones on the launcher (``/lab``). The first start leaves ``.gpupool-welcomed`` in
+    the home (delete it to see the welcome again)."""
+    home = Path(spawner.home_dir)
+    marker = home / WELCOMED
+    if (home / EXAMPLE_NOTEBOOK).is_file() and not marker.exists():
+        spawner.default_url = f"/lab/tree/{EXAMPLE_NOTEBOOK}"
+        marker.write_text("JupyterLab opened on the welcome notebook once; delete this file to see it again\n")
+    else:
+        spawner.default_url = "/lab"
+
+
 def nodes_for(gpus: str, nvml_module=None) -> list[dict]:
     """Node entries for ``c.GPUPool.nodes``: this machine's GPUs (NVML) or the declared demo nodes.
     ``nvml_module``: the pynvml module to use (default: the real one)."""
@@ -152,6 +169,7 @@ def config_text(root: Path, opts: DemoOptions) -> str:
 import os
 
 from gpupool.hub_ext import add_idle_culler, configure
+from gpupool.hub_ext.demo_config import welcome_on_first_start
 
 c = get_config()  # noqa: F821
 ROOT = {settings["root"]!r}
@@ -177,6 +195,7 @@ c.Authenticator.admin_users = {set(DEMO_ADMINS)!r}
 c.JupyterHub.spawner_class = "gpupool.spawner.LocalGPUSpawner"
 c.Spawner.cmd = [{singleuser!r}]
 c.Spawner.default_url = "/lab"
+c.Spawner.pre_spawn_hook = welcome_on_first_start  # the first start opens the welcome notebook
 c.LocalGPUSpawner.home_root = os.path.join(ROOT, "homes")
 c.LocalGPUSpawner.home_skeleton = os.path.join(ROOT, "skel")
 c.LocalGPUSpawner.admission_timeout = {opts.admission_timeout!r}
@@ -223,9 +242,10 @@ def write_demo(root: Path | str = DEMO_DIR, opts: DemoOptions | None = None) -> 
         for name in (EXAMPLE_NOTEBOOK, TRAIN_NOTEBOOK):
             if not (home / name).exists():
                 shutil.copy2(skel / name, home / name)
-        ddp = Path(__file__).resolve().parents[1] / "examples" / EXAMPLE_DDP  # source tree only
-        if ddp.is_file() and not (home / EXAMPLE_DDP).exists():
-            shutil.copy2(ddp, home / EXAMPLE_DDP)
+        for name in (EXAMPLE_DDP, EXAMPLE_SERVE):
+            src = Path(__file__).resolve().parents[1] / "examples" / name  # source tree only
+            if src.is_file() and not (home / name).exists():
+                shutil.copy2(src, home / name)
     path = root / "jupyterhub_config.py"
     path.write_text(config_text(root, opts))
     return path

@@ -19,7 +19,7 @@ from ..templating import environment
 
 STATUS_COLORS = {
     C.QUEUED: "#b26a00", C.STARTING: "#1565c0", C.RUNNING: "#2e7d32", C.PREEMPTING: "#c62828",
-    C.SUCCEEDED: "#1b5e20", C.FAILED: "#b71c1c", C.CANCELLED: "#616161", C.STOPPED: "#616161",
+    C.EndpointState.READY.value: "#2e7d32", C.SUCCEEDED: "#1b5e20", C.FAILED: "#b71c1c", C.CANCELLED: "#616161", C.STOPPED: "#616161",
     # a sweep's and its trials' states (gpupool.client.sweep)
     "complete": "#1b5e20", "pruned": "#6d4c41", "finished": "#1b5e20", "created": "#616161",
 }
@@ -203,9 +203,12 @@ def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, 
         program = " ".join([str(j["script"]), *map(str, j.get("args") or [])])
     elif j.get("command"):
         program = " ".join(map(str, j["command"]))
-    facts = [("queue", j.get("queue")), ("kind", j.get("kind")),
-             ("asks", C.format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods"))), ("runs", program),
-             ("workers", _workers_text(j)), ("pools", ", ".join(j.get("pools") or []) or None),
+    serving = j.get("kind") == C.INFERENCE
+    asks = (f'{C.format_request(j.get("gpus"), j.get("gpu_memory"))} per replica, {int(j.get("pods") or 1)} '
+            f'replica{"s" if int(j.get("pods") or 1) > 1 else ""}' if serving
+            else C.format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods")))
+    facts = [("queue", j.get("queue")), ("kind", j.get("kind")), ("asks", asks), ("runs", program),
+             ("workers", None if serving else _workers_text(j)), ("pools", ", ".join(j.get("pools") or []) or None),
              ("position", j.get("position") if j.get("status") == C.QUEUED else None),
              ("on", C.describe_allocation(j.get("allocation"))), ("parameters", j.get("parameters") or None),
              ("sweep", j.get("sweep")), ("preemptions", j.get("preemptions") or None),
@@ -218,7 +221,9 @@ def job_html(job: Mapping, log_tail: str | None = None, rank_logs: Mapping[int, 
     logs += [(f"log (rank {r})", t) for r, t in sorted((rank_logs or {}).items())]
     history = [{"attempt": a.get("attempt"), "started": a.get("started_at"), "ended": a.get("ended_at") or "",
                 "why": a.get("reason") if a.get("outcome") else "", **attempt_words(a)} for a in j.get("history") or []]
+    endpoint = endpoint_row(j) if serving and j.get("endpoint") else None
     return _render("job.html", job={k: j.get(k) for k in ("id", "name", "status", "reason")}, marker=marker(j),
+                   endpoint=endpoint,
                    facts=[(k, str(v)) for k, v in facts if v not in (None, "", [])], metrics=metrics,
                    logs=[(title, tail) for title, tail in logs if tail], history=history if len(history) > 1 else [])
 
@@ -228,6 +233,29 @@ def jobs_html(jobs: Sequence[Mapping], user: str | None = None) -> str:
     rows = [{**{k: j.get(k) for k in ("id", "name", "queue", "status", "reason")}, "marker": marker(j),
              "want": C.format_request(j.get("gpus"), j.get("gpu_memory"), j.get("pods"))} for j in jobs]
     return _render("jobs.html", jobs=rows)
+
+
+def endpoint_row(j: Mapping) -> dict:
+    """What the widgets say of one endpoint (``kind: inference``): its state as ``gpupool
+    endpoints`` says it, replicas ready of those asked for, GPUs per replica, and its URL (``url``:
+    the whole URL the client added, else the ``endpoint`` path)."""
+    return {**{k: j.get(k) for k in ("id", "name", "user")},
+            "state": C.endpoint_shown_state(j.get("status"), j.get("endpoint_state")),
+            "replicas": C.endpoint_replicas(j.get("ready_replicas") if j.get("status") == C.RUNNING else 0,
+                                            j.get("pods")),
+            "want": C.format_request(j.get("gpus"), j.get("gpu_memory")),
+            "restarts": int(j.get("endpoint_restarts") or 0), "url": j.get("url") or j.get("endpoint") or ""}
+
+
+def endpoints_html(endpoints: Sequence[Mapping]) -> str:
+    """A table of endpoints: state, replicas, GPUs, restarts and the URL as a link."""
+    return _render("endpoints.html", endpoints=[endpoint_row(j) for j in endpoints])
+
+
+def wait_html(title: str, status: str, text: str, elapsed: str = "") -> str:
+    """What ``job.wait()`` shows in a notebook: the id whole, the status as a badge, the time
+    waited, and the reason in full, wrapped to the cell's width (gpupool/client/progress.py)."""
+    return _render("wait.html", title=title, status=status, text=text, elapsed=elapsed)
 
 
 def workspace_html(ws: Mapping | None) -> str:

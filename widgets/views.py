@@ -189,6 +189,24 @@ class JobsView(_View):
         return render.jobs_html(data["jobs"], self.user)
 
 
+class EndpointsView(_View):
+    """Your model endpoints (``gpupool.serve``) not ended: state (``starting`` until a replica
+    answers, then ``ready``), replicas, GPUs, restarts and the URL as a link."""
+
+    def fetch(self):
+        return {"endpoints": _endpoints(self.client, self.client.jobs(kind=C.INFERENCE))}
+
+    def render(self, data):
+        return render.endpoints_html(data["endpoints"])
+
+
+def _endpoints(client, jobs) -> list[dict]:
+    """The endpoints among ``jobs`` not ended, each with its whole ``url`` on the client's hub."""
+    from gpupool.client.serving import endpoint_url
+    return [{**j, "url": endpoint_url(j, client)} for j in jobs
+            if j.get("kind") == C.INFERENCE and j.get("status") in C.ACTIVE]
+
+
 class JobView(_View):
     """One job: status, reason while it waits, allocation, live metric plots and the log's tail
     (a distributed job: its workers, and the tail of every worker's log).
@@ -221,6 +239,9 @@ class JobView(_View):
                     self._log_tail[rank] = "".join(tail.splitlines(keepends=True)[-self.log_lines:])
             except Exception:
                 pass
+        if data.get("endpoint"):
+            from gpupool.client.serving import endpoint_url
+            data = {**data, "url": endpoint_url(data, self.job.client)}
         return {"job": data, "log": self._log_tail.get(0) or None,
                 "rank_logs": {r: t for r, t in self._log_tail.items() if r and t}}
 
@@ -291,6 +312,7 @@ class Dashboard(w.VBox):
         self.queues = QueueView(**kw)
         self.gpus = GPUView(**kw)
         self.jobs = JobsView(**kw)
+        self.endpoints = w.HTML()  # your endpoints, when you have some (drawn from the same jobs)
         self._client = client
         self.user = user if user is not None else _current_user()
         self.server = w.HTML()  # this notebook's own server (its GPUs and any warning), when it has one
@@ -298,7 +320,7 @@ class Dashboard(w.VBox):
         heads = [w.HTML(f'<h4 style="margin:6px 0 2px 0">{t}</h4>') for t in ("Queues", "GPUs", "Your jobs")]
         self._heads = heads
         super().__init__([self.server, heads[0], self.queues, heads[1], self.gpus, heads[2], self.jobs,
-                          self.status_line])
+                          self.endpoints, self.status_line])
         self.add_class("gpupool-dashboard")
         self.refresher = Refresher(self.refresh, interval, self._show_error, name="gpupool-dashboard")
         # a newer dashboard supersedes older ones: freeze them so re-running a cell leaks no threads
@@ -323,6 +345,9 @@ class Dashboard(w.VBox):
         self.queues.show({"queues": data["queues"], "jobs": data["jobs"]})
         self.gpus.show({"nodes": data["nodes"]})
         self.jobs.show({"jobs": data["jobs"]})
+        mine = _endpoints(self.client, data["jobs"])
+        self.endpoints.value = ('<h4 style="margin:6px 0 2px 0">Your endpoints</h4>' + render.endpoints_html(mine)
+                                if mine else "")
         name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
         mine = [ws for ws in data.get("workspaces", []) if ws.get("user") == self.user and ws.get("server") == name]
         self.server.value = render.workspace_html(mine[0] if mine else None)
@@ -347,9 +372,10 @@ class Dashboard(w.VBox):
             h.close()
         self.status_line.close()
         self.server.close()
+        self.endpoints.close()
         super().close()
 
 
 def dashboard(interval: float = 5.0, client=None, user: str | None = None) -> Dashboard:
-    """Queues, GPUs and your jobs in one live widget: ``gpupool.dashboard()``."""
+    """Queues, GPUs, your jobs and your endpoints in one live widget: ``gpupool.dashboard()``."""
     return Dashboard(interval=interval, client=client, user=user)

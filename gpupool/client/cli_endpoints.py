@@ -5,6 +5,7 @@ import argparse
 import sys
 from typing import Any, Callable
 
+from ..contract import endpoint_replicas, endpoint_shown_state
 from .serving import endpoint_url, endpoints, serve, wait_ready
 
 
@@ -50,9 +51,9 @@ def cmd_endpoints(args: Any) -> int:
     rows = []
     for j in found:
         d = j.data
-        state = d.get("endpoint_state") if d.get("status") == "running" else d.get("status")
+        state = endpoint_shown_state(d.get("status"), d.get("endpoint_state"))
         rows.append((d.get("id"), d.get("name"), d.get("user"), state,
-                     f'{d.get("ready_replicas", 0)}/{d.get("pods") or 1}', _want(d), d.get("endpoint_restarts", 0),
+                     endpoint_replicas(d.get("ready_replicas"), d.get("pods")), _want(d), d.get("endpoint_restarts", 0),
                      endpoint_url(d, c)))
     print(table(["ID", "NAME", "USER", "STATE", "READY", "GPUS", "RESTARTS", "URL"], rows))
     return 0

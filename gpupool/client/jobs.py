@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from ..contract import ENDED, PREEMPTED, CANCELLED, Placement, format_request, history_marker
 from .api import BadRequest, Client, GPUPoolError, get_client
+from .progress import Progress
 
 # Fields that change while a job lives: reading them refreshes a stale, unfinished job.
 _LIVE_MAX_AGE = 2.0
@@ -122,19 +122,19 @@ class Job:
     def wait(self, timeout: float | None = None, progress: bool = True, poll: float = 1.0) -> "Job":
         """Block until the job has finished (succeeded, failed or cancelled); returns the job.
 
-        With ``progress`` a tqdm bar (a widget in notebooks) shows the status and the reason.
+        With ``progress`` it shows the status and the reason (the queue position while it waits):
+        in a notebook one line that updates in place and wraps, in a terminal a line per change.
         Raises ``TimeoutError`` when ``timeout`` seconds pass first (the job keeps running).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        bar = _progress_bar(self.id) if progress else None
+        bar = Progress(self.id) if progress else None
         delay = poll
         try:
             while True:
                 self.refresh()
                 status = self._data.get("status")
                 if bar is not None:
-                    bar.set_description_str(f"{self.id} {status}: {self._data.get('reason') or ''}"[:200])
-                    bar.update(0)
+                    bar.show(str(status or "?"), status_line(self._data))
                 if status in ENDED:
                     return self
                 if deadline is not None and time.monotonic() >= deadline:
@@ -189,7 +189,11 @@ class Job:
 
     def _repr_html_(self) -> str:
         from gpupool.widgets.render import job_html
-        return job_html(self._data)
+        try:
+            url = self.url
+        except GPUPoolError:  # no hub configured here: the endpoint's path alone
+            url = None
+        return job_html({**self._data, "url": url} if url else self._data)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Job) and other.id == self.id
@@ -253,17 +257,6 @@ def metrics_of(raw: Mapping[str, Any]) -> dict[str, list[tuple[int, float]]]:
         pts.sort(key=lambda sv: sv[0])
         out[name] = pts
     return out
-
-
-def _progress_bar(desc: str):
-    try:
-        if "ipykernel" in sys.modules:
-            from tqdm.auto import tqdm
-        else:
-            from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    return tqdm(total=None, desc=desc, bar_format="{desc} [{elapsed}]", leave=True)
 
 
 def local_notebook(notebook) -> Path | None:

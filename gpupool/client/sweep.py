@@ -333,19 +333,18 @@ class Sweep:
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = None
         if progress:
-            from .jobs import _progress_bar
-            bar = _progress_bar(f"sweep {self.name}")
+            from .progress import Progress
+            bar = Progress(f"sweep {self.name}")
         try:
             while self._thread is not None and self._thread.is_alive():
                 if bar is not None:
-                    bar.set_description_str(self._progress_text())
-                    bar.update(0)
+                    bar.show(self._state, self._progress_text())
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"sweep {self.name} is still running after {timeout:g}s: {self._progress_text()}")
                 self._thread.join(min(1.0, left) if left is not None else 1.0)
             if bar is not None:
-                bar.set_description_str(self._progress_text())
+                bar.show(self._state, self._progress_text())
         finally:
             if bar is not None:
                 bar.close()

@@ -144,10 +144,29 @@ class _Loader:
         try:
             self._hook(module)
         except Exception as e:  # the import itself succeeded: never undo it
-            sys.stderr.write("gpupool: GPU memory cap not applied to %s: %s\n" % (module.__name__, e))
+            sys.stderr.write("gpupool: start-up hook for %s failed: %s\n" % (module.__name__, e))
 
     def __getattr__(self, name):  # resources, get_code, is_package ...: the real loader's
         return getattr(self._loader, name)
+
+
+def after_import(hooks):
+    """Run ``hooks[name](module)`` once each module ``name`` is imported (at once for one already
+    imported), through the one :class:`_AfterImport` finder of this process; returns the names
+    still waiting for their import."""
+    waiting = {}
+    for name, hook in hooks.items():
+        if name in sys.modules:  # imported before this ran (not at start-up): apply now
+            hook(sys.modules[name])
+        else:
+            waiting[name] = hook
+    if waiting:
+        finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport)), None)
+        if finder is None:
+            sys.meta_path.insert(0, _AfterImport(waiting))
+        else:
+            finder.hooks.update(waiting)
+    return sorted(waiting)
 
 
 def install(environ=None):
@@ -161,11 +180,6 @@ def install(environ=None):
     if version is not None and version >= ALLOC_KEY_SINCE:
         env[ALLOC_CONF] = alloc_conf(env.get(ALLOC_CONF), share)
         done["alloc_conf"] = env[ALLOC_CONF]
-    hooks = {"torch": lambda m: torch_hook(m, share), "tensorflow": lambda m: tensorflow_hook(m, limit)}
-    for name in list(hooks):
-        if name in sys.modules:  # imported before this ran (not at start-up): apply now
-            hooks.pop(name)(sys.modules[name])
-    if hooks and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(hooks))
-    done["hooks"] = sorted(hooks)
+    done["hooks"] = after_import({"torch": lambda m: torch_hook(m, share),
+                                  "tensorflow": lambda m: tensorflow_hook(m, limit)})
     return done

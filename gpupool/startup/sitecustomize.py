@@ -1,6 +1,7 @@
 """Run at the start of every Python process of a gpupool job (this directory is first on the
 job's ``PYTHONPATH``): hand a fractional job's GPU memory cap to its frameworks
-(:mod:`gpupool_caps`), then run the ``sitecustomize`` this one hides, if any (a distribution's
+(:mod:`gpupool_caps`), keep ipykernel's TCP warning out of the job's log (:mod:`gpupool_quiet`),
+then run the ``sitecustomize`` this one hides, if any (a distribution's
 or a virtual environment's own), so nothing the process had before is lost.
 
 Standard library only, and quiet: a kernel in an environment without gpupool runs it too, and a
@@ -17,6 +18,12 @@ def _apply():
         gpupool_caps.install()
     except Exception as e:  # never in the way of the program
         sys.stderr.write("gpupool: GPU memory cap not handed to the frameworks: %s\n" % (e,))
+    try:
+        import gpupool_quiet
+
+        gpupool_quiet.install()
+    except Exception as e:
+        sys.stderr.write("gpupool: the kernel's TCP warning is not filtered: %s\n" % (e,))
 
 
 def _chain():

@@ -8,7 +8,8 @@ by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, w
 Shows: queue bars (deserved / fair share / allocated), node pools and each queue's share in each
 (with its weight and past usage under fairness over time), GPUs allocated versus used over the last
 day, pending workloads with their wait and reason, running workloads, idle workloads and their
-holders, the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
+holders, model endpoints (with their state, replicas, GPUs and URL; a user sees theirs and those
+shared with them), the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
 CSV downloads (``usage.csv?by=...``, the same numbers as ``GET usage``). It refreshes itself every
 ``?refresh=`` seconds (10; 0: never) by fetching itself again. The hub's Services menu links it.
 """
@@ -18,7 +19,7 @@ import json
 import os
 import secrets
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy import select
@@ -26,6 +27,7 @@ from tornado import web
 
 from ... import contract as C
 from ...scheduler.model import DEFAULT_POOL
+from ..domain import endpoints as E
 from ..domain import usage as U
 from ..store import tables as D
 from ..runtime.simulated import SIMULATED
@@ -61,13 +63,19 @@ class _Page:
     async def identity(self) -> tuple[str, bool]:
         """(name, admin): JupyterHub admins, and holders of custom:gpupool:admin (e.g. members of
         the gpupool-admin role: the sign-in token carries the user's gpupool scopes)."""
+        name, admin, _ = await self.membership()
+        return name, admin
+
+    async def membership(self) -> tuple[str, bool, list[str]]:
+        """(name, admin, groups) of the signed-in user."""
         user = self.current_user
         name = user["name"]
-        _, hub_admin = await self.svc.auth.user_info(name)
-        return name, bool(hub_admin or user.get("admin") or has_scope(user.get("scopes") or [], ADMIN_SCOPE))
+        groups, hub_admin = await self.svc.auth.user_info(name)
+        admin = bool(hub_admin or user.get("admin") or has_scope(user.get("scopes") or [], ADMIN_SCOPE))
+        return name, admin, list(groups or [])
 
 
-def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
+def dashboard_data(svc: Any, name: str, admin: bool, now: float, groups: Iterable[str] = ()) -> dict:
     st = svc.loop.state
     queues = [{"name": q.name, "parent": q.parent, "deserved": q.deserved.get("gpu", 0),
                "fair_share": round(st.fair_share.get(q.name, {}).get("gpu", 0), 3),
@@ -89,6 +97,7 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
         step = 1800.0  # half hours, on the clock; the last one is the current, partial one
         timeline = U.timeline(s, (now - DAY) // step * step + step, now, step, now, user=mine)
         week = {by: U.report(s, now - 7 * DAY, now, by, now, user=mine) for by in ("user", "queue")}
+        endpoints = endpoint_rows(s, name, admin, groups)
     pending, running = [], []
     for r in rows:
         pid = r.public_id
@@ -113,7 +122,28 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float) -> dict:
             "timeline": timeline, "pending": pending, "running": running, "idle": idle, "week": week,
             "since_week": iso(now - 7 * DAY), "policies": policy_rows(svc), "idle_note": idle_note(svc),
             "readings_note": readings_note(svc),
-            "pools": pools["pools"], "fairness": st.fairness_on}
+            "pools": pools["pools"], "fairness": st.fairness_on, "endpoints": endpoints}
+
+
+def endpoint_rows(s: Any, name: str, admin: bool, groups: Iterable[str]) -> list[dict]:
+    """The endpoints not ended (``kind: inference``) that ``name`` may see: an admin every one, a
+    user their own and those shared with them (the ones they may call), with what the CLI's
+    ``gpupool endpoints`` says of each."""
+    q = (select(D.Workload).where(D.Workload.type == D.JOB, D.Workload.kind == C.INFERENCE,
+                                  D.Workload.status.in_(D.ACTIVE)).order_by(D.Workload.id))
+    rows = []
+    for r in s.scalars(q):
+        if not (admin or E.may_call(r, name, groups)):
+            continue
+        share = r.share or {}
+        rows.append({"id": r.public_id, "name": r.name, "user": r.user, "queue": r.queue,
+                     "url": E.url_path(r.public_id),
+                     "state": C.endpoint_shown_state(r.status, r.endpoint_state), "reason": r.reason,
+                     "replicas": C.endpoint_replicas(r.ready_replicas if r.status == C.RUNNING else 0, r.pods),
+                     "gpus": C.format_request(r.gpus, r.gpu_memory), "restarts": r.endpoint_restarts or 0,
+                     "on": C.describe_allocation(r.allocation),
+                     "shared": ", ".join([*share.get("users", []), *(f"group {g}" for g in share.get("groups", []))])})
+    return rows
 
 
 def policy_rows(svc: Any) -> list[dict]:
@@ -169,8 +199,8 @@ def _handlers() -> tuple[type, type, type]:
             if self.current_user is None:
                 self.redirect(self.get_login_url())  # JupyterHub's OAuth; back here afterwards
                 return
-            name, admin = await self.identity()
-            data = dashboard_data(self.svc, name, admin, time.time())
+            name, admin, groups = await self.membership()
+            data = dashboard_data(self.svc, name, admin, time.time(), groups)
             prefix = self.request.path.rstrip("/") + "/"
             self.set_header("Content-Type", "text/html; charset=utf-8")
             self.set_header("Cache-Control", "no-store")

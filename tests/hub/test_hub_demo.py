@@ -135,6 +135,9 @@ def test_demo_hub_comes_up_and_stops(tmp_path):
                     break
                 time.sleep(0.5)
             assert (me["servers"].get("") or {}).get("ready"), me
+            # her first start opens JupyterLab on the welcome notebook (the demo's pre-spawn hook)
+            lab = s.get(f"{base}/user/alice/", timeout=60)
+            assert lab.url.endswith("/user/alice/lab/tree/demo.ipynb"), lab.url
             # the demo runs a distributed job: two workers of two GPUs each, started together
             token = s.post(f"{base}/hub/api/users/alice/tokens", headers={"X-XSRFToken": xsrf}, json={}).json()["token"]
             api = f"{base}/services/gpupool/api/v1/"

@@ -11,36 +11,9 @@ import signal
 import pytest
 import requests
 
+from endpoint_server import SERVER
 from hub_harness import Hub, hub_leak_check  # noqa: F401 (leak check fixture)
 
-SERVER = '''
-import http.server, json, os
-
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = json.dumps({"pid": os.getpid(), "path": self.path,
-                           "user": self.headers.get("X-Gpupool-User"),
-                           "token": self.headers.get("Authorization")}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):
-        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps({"echo": json.loads(data)}).encode()
-        self.send_response(201)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Answer).serve_forever()
-'''
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +122,10 @@ def test_the_cli_and_the_client_serve_and_list_endpoints_with_their_urls(hub):
         j.cancel()
 
 
-def test_the_example_serves_the_checkpoint_the_example_notebook_saved(hub):
-    """examples/serve_model.py as an endpoint: it serves the newest checkpoint a run of
-    examples/train_checkpoint.ipynb saved (gpupool.checkpoint's files), with no download."""
+def test_the_example_serves_the_model_the_example_notebook_trained(hub):
+    """examples/serve_model.py as an endpoint: it serves the model a run of
+    examples/train_checkpoint.ipynb trained (a logistic regression on data it makes, no download)
+    and wrote to model.json; the job logged the val_acc the served model reports."""
     import shutil
     from pathlib import Path
 
@@ -161,15 +135,26 @@ def test_the_example_serves_the_checkpoint_the_example_notebook_saved(hub):
     root = Path(__file__).resolve().parents[2] / "examples"
     shutil.copy(root / "serve_model.py", hub.home("alice") / "serve_model.py")
     nb = nbformat.read(str(root / "train_checkpoint.ipynb"), 4)
-    r = hub.api("POST", "jobs", alice, json={"notebook_content": nb, "parameters": {"steps": 3, "step_seconds": 0}})
+    r = hub.api("POST", "jobs", alice, json={"notebook_content": nb, "parameters": {
+        "steps": 30, "step_seconds": 0, "model_file": "trained.json"}})
     trained = hub.wait_job(alice, r.json()["id"], {"succeeded"}, 120)
-    checkpoints = str(Path(hub.job_root) / trained["id"] / "checkpoints")
-    r = hub.api("POST", "jobs", alice, json={"script": "serve_model.py", "args": ["--checkpoints", checkpoints],
+    val_acc = trained["metrics"]["val_acc"]
+    assert [m["step"] for m in val_acc] == list(range(30)) and val_acc[-1]["value"] > 0.85, val_acc
+    r = hub.api("POST", "jobs", alice, json={"script": "serve_model.py", "args": ["--model", "trained.json"],
                                              "kind": "inference"})
     assert r.status_code == 201, r.text
     job = wait_ready(hub, alice, r.json()["id"])
     info = call(hub, job, alice).json()
-    assert info["step"] == 3 and abs(info["loss"] - 10 * 0.9 ** 3) < 1e-9
-    y = call(hub, job, alice, "predict", method="POST", json={"x": [0, 1]}).json()["y"]
-    assert y == [info["loss"], info["loss"] * 0.9]
-    hub.api("DELETE", f"jobs/{job['id']}", alice)
+    assert info["job"] == trained["id"] and info["step"] == 30 and info["val_acc"] == val_acc[-1]["value"]
+    y = call(hub, job, alice, "predict", method="POST", json={"x": [[-2, -2], [2, 2]]}).json()
+    assert y["label"] == [0, 1] and y["p"][0] < 0.1 < 0.9 < y["p"][1]
+    bad = call(hub, job, alice, "predict", method="POST", json={"x": [[1, 2, 3]]})
+    assert bad.status_code == 400 and "2 numbers" in bad.json()["error"]
+    # a run's newest checkpoint serves too (--checkpoints: a job stopped before its end)
+    checkpoints = str(Path(hub.job_root) / trained["id"] / "checkpoints")
+    r = hub.api("POST", "jobs", alice, json={"script": "serve_model.py", "args": ["--checkpoints", checkpoints],
+                                             "kind": "inference"})
+    from_checkpoint = wait_ready(hub, alice, r.json()["id"])
+    assert call(hub, from_checkpoint, alice).json()["step"] == 30
+    for j in (job, from_checkpoint):
+        hub.api("DELETE", f"jobs/{j['id']}", alice)
