@@ -14,6 +14,12 @@ quota) packed onto ~90% of the GPUs and the rest pending, then times schedule() 
   replayed for 60 s (cycle 1 s, grace 30 s): what a busy live cluster sees, with evictions,
   releases and arrivals between cycles (goals: p50 <= 250 ms, p95 <= 500 ms, max <= 1 s).
 
+* ``scale``: the churn at the size given (``--nodes``, ``--queues``, ``--workloads``) and at
+  ``--scale`` times as large (4: 4,000 nodes x 8 GPUs, 1,000 queues, 80,000 arrivals, the size
+  of a large site), each replayed for ``--until`` seconds, printed side by side with the ratio of
+  their CPU time per cycle: goals, the large cycle p50 <= 500 ms and p95 <= 1 s, and at most
+  ``--scale`` + 1 times the small one's p50 (cost that grows at most linearly with the cluster).
+
 * ``pooled``: the same churn with 8 node pools (every queue's quota split over them; half the
   workloads name two pools in order of preference, the rest any) and fairness over time on
   (window 600 s, half-life 300 s, k 1): goal, its cycle within 20% of ``churn``'s (printed side
@@ -25,7 +31,8 @@ with a growing prefix of the action list (allocate; + consolidate; + reclaim; + 
 
     .venv/bin/python benchmarks/cycle_speed.py [--nodes 1000] [--queues 200] [--workloads 20000]
                                                [--cycles 7] [--seed 0] [--json]
-                                               [--shapes busy,steady,churn,pooled] [--until 60]
+                                               [--shapes busy,steady,churn,pooled,scale] [--until 60]
+                                               [--scale 4]
 """
 from __future__ import annotations
 
@@ -250,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--shapes", default="busy,steady,churn,pooled", help="which shapes to time (comma-separated)")
     ap.add_argument("--until", type=float, default=60.0, help="churn: seconds of simulated time")
+    ap.add_argument("--scale", type=int, default=4, help="scale: how many times as large the second size is")
     args = ap.parse_args(argv)
     shapes = set(args.shapes.split(","))
 
@@ -291,10 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         results["churn"] = run_churn(args)
     if "pooled" in shapes:
         results["pooled"] = run_churn(args, pooled=True)
+    if "scale" in shapes:
+        big = argparse.Namespace(**{**vars(args), "nodes": args.nodes * args.scale,
+                                    "queues": args.queues * (args.scale + 1), "workloads": args.workloads * args.scale})
+        results["scale"] = {"small": run_churn(args), "large": run_churn(big)}
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     for shape, r in results.items():
+        if shape == "scale":
+            _print_scale(r, args.scale)
+            continue
         c = r["cycle_ms"]
         if shape in ("churn", "pooled"):
             goals = (("p50", 250), ("p95", 500), ("max", 1000))
@@ -328,6 +343,24 @@ def main(argv: list[str] | None = None) -> int:
         print("        per action (" + r["actions_source"] + "): " +
               ", ".join(f"{a} {v:.1f} ms" for a, v in r["actions_ms"].items()))
     return 0
+
+
+def _print_scale(r: dict, scale: int) -> None:
+    small, large = r["small"], r["large"]
+    for name, x in (("small", small), ("large", large)):
+        cc = x["cycle_cpu_ms"]
+        print(f"scale   {name}: {x['nodes']} nodes / {x['gpus']} GPUs, {x['queues']} queues, {x['workloads']} arrivals, "
+              f"{x['cycles']} cycles, {x['preemptions']} preemptions: CPU per cycle p50 {cc['p50']:.1f} ms, "
+              f"p95 {cc['p95']:.1f} ms, max {cc['max']:.1f} ms")
+        print("        per action p50/p95/max: " + ", ".join(
+            f"{a} {v['p50']:.0f}/{v['p95']:.0f}/{v['max']:.0f}" for a, v in x["actions_ms"].items()))
+    lc, sc = large["cycle_cpu_ms"], small["cycle_cpu_ms"]
+    ratio = lc["p50"] / max(sc["p50"], 1e-9)
+    verdict = lambda ok: "OK" if ok else "ABOVE GOAL"  # noqa: E731
+    print(f"        large p50 {lc['p50']:.1f} ms [goal <= 500: {verdict(lc['p50'] <= 500)}], "
+          f"p95 {lc['p95']:.1f} ms [goal <= 1000: {verdict(lc['p95'] <= 1000)}]; "
+          f"ratio large/small at p50 {ratio:.2f} [goal <= {scale + 1}: {verdict(ratio <= scale + 1)}], "
+          f"at p95 {lc['p95'] / max(sc['p95'], 1e-9):.2f}")
 
 
 if __name__ == "__main__":

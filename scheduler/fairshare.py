@@ -135,6 +135,16 @@ class QueueTree:
         """Root-first ancestry, ending with ``name`` itself."""
         return self._path[name]
 
+    def subtree(self, name: str) -> frozenset[str]:
+        """``name`` and every queue below it."""
+        if not hasattr(self, "_subtree"):
+            below: dict[str, set[str]] = {q: set() for q in self.queues}
+            for q, path in self._path.items():
+                for a in path:
+                    below[a].add(q)
+            self._subtree = {q: frozenset(v) for q, v in below.items()}
+        return self._subtree[name]
+
     def split(self, a: str, b: str) -> tuple[str, str]:
         """The two queues where the ancestries of ``a`` and ``b`` part: the children of their
         lowest common ancestor (or the roots) on each side."""

@@ -15,7 +15,7 @@ a queue) and ``ReclaimBudget`` (only borrowed capacity, no ping-pong).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -93,6 +93,26 @@ class ReclaimBudget(Budget):
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
         _, over, held, guar, _, guaranteed, _ = self._side(queue)
         return over > EPS or (guaranteed and held > guar + EPS)
+
+    def candidate_queues(self, queues: Iterable[str]) -> set[str]:
+        """The queues among ``queues``, the reclaimer's own left out, that ``candidate_side``
+        admits. Queues whose ancestries part from the reclaimer's at the same place share a side,
+        so each sibling subtree along the reclaimer's path is judged once."""
+        tree, r = self.ctx.tree, self.reclaimer
+        among = set(queues)
+        out: set[str] = set()
+        path = tree.path(r)
+        for i, mine in enumerate(path):
+            for s in tree.children.get(path[i - 1] if i else None, ()):
+                if s.name != mine:
+                    members = tree.subtree(s.name) & among
+                    if members and self.candidate_side(next(iter(members))):
+                        out |= members
+        # the reclaimer's ancestors and descendants (queues that hold workloads themselves)
+        for q in (set(path) | tree.subtree(r)) & among:
+            if q != r and self.candidate_side(q):
+                out.add(q)
+        return out
 
     def reset(self) -> None:
         self.gone.clear()
@@ -287,7 +307,7 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budge
     if c.w.pods == 1:
         return _plan_single(ctx, c, victims, budget, need_freed, queues)
     if victims is None:
-        per_node = _index(ctx)[3]
+        per_node = _index(ctx).per_node
         seen: set[str] = set()
         victims = [v for vs in per_node.values() for v, _ in vs
                    if v.queue in queues and v.id not in ctx.evicted and not (v.id in seen or seen.add(v.id))]
@@ -301,57 +321,80 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budge
     return None if found is None else (found[1], None)
 
 
-def _index(ctx: Cycle) -> tuple:
-    """Preemptible running workloads by node, with per queue and node the GPU milli they hold,
-    the least work one of them would lose and whether there is one (computed once per cycle;
-    victims evicted since are filtered where they are used: the sums only over-estimate)."""
+class _VictimIndex:
+    """Preemptible running workloads by node, built once per cycle (victims evicted since are
+    filtered where they are used: the sums only over-estimate). Besides ``per_node``, one entry
+    per (victim, node) in flat arrays sorted by node, so that a plan over a set of queues costs
+    O(entries) rather than O(queues x nodes): ``starts`` opens each of ``nodes``' runs."""
+
+    def __init__(self, ctx: Cycle):
+        self.qn = {q: i for i, q in enumerate(ctx.tree.queues)}
+        self.per_node: dict[int, list[tuple[Workload, int]]] = {}
+        for v in ctx.preemptible_running():
+            for n, m in ctx.victim_nodes(v):
+                self.per_node.setdefault(n, []).append((v, m))
+        qn = self.qn
+        # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed)
+        flat = sorted(((n, -m, qn[v.queue], ctx.victim_cost(v)) for n, vs in self.per_node.items() for v, m in vs),
+                      key=lambda e: (e[0], e[1]))
+        cols = np.array([e[0] for e in flat], dtype=np.int64)
+        self.milli = -np.array([e[1] for e in flat], dtype=np.int64)
+        self.queue = np.array([e[2] for e in flat], dtype=np.int64)
+        self.cost = np.array([e[3] for e in flat], dtype=float)
+        if flat:
+            first = np.ones(len(cols), dtype=bool)
+            first[1:] = cols[1:] != cols[:-1]
+            self.starts = np.nonzero(first)[0]
+        else:
+            self.starts = np.zeros(0, dtype=np.int64)
+        self.nodes = cols[self.starts]
+        self.run = np.repeat(np.arange(len(self.starts)), np.diff(np.append(self.starts, len(cols))))
+
+
+def _index(ctx: Cycle) -> _VictimIndex:
     idx = ctx.cache.get("victim-index")
     if idx is None:
-        qn = {q: i for i, q in enumerate(ctx.tree.queues)}
-        shape = (len(qn), len(ctx.future.nodes))
-        held = np.zeros(shape, dtype=np.int64)
-        mincost = np.full(shape, np.inf)
-        per_node: dict[int, list[tuple[Workload, int]]] = {}
-        rows, cols, milli, costs = [], [], [], []
-        for v in ctx.preemptible_running():
-            i, cost = qn[v.queue], ctx.victim_cost(v)
-            for n, m in ctx.victim_nodes(v):
-                rows.append(i)
-                cols.append(n)
-                milli.append(m)
-                costs.append(cost)
-                per_node.setdefault(n, []).append((v, m))
-        if rows:
-            at = (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))
-            np.add.at(held, at, np.array(milli, dtype=np.int64))
-            np.minimum.at(mincost, at, np.array(costs, dtype=float))
-        idx = ctx.cache["victim-index"] = (qn, held, mincost, per_node)
+        idx = ctx.cache["victim-index"] = _VictimIndex(ctx)
     return idx
 
 
 def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, free: np.ndarray):
     """Nodes worth planning on, with a lower bound on a plan's cost there, best first: the least
     work one victim of ``queues`` there loses, one victim, the most over-quota queue there."""
-    qn, held, mincost, per_node = _index(ctx)
-    fut = ctx.future
-    names = sorted(queues)
-    rows = np.array([qn[q] for q in names], dtype=np.int64)
-    room = held[rows].sum(axis=0)
-    ok = (room > 0) & (free + room >= need) & fut.schedulable
-    if c.mask is not None:
-        ok &= c.mask
-    cand = np.nonzero(ok)[0]
-    if not cand.size:
+    idx = _index(ctx)
+    if not idx.nodes.size:
         return
-    lost = np.round(mincost[rows][:, cand].min(axis=0), 6)
-    excess = np.array([ctx.over(q) for q in names])
-    present = held[rows][:, cand] > 0
-    most = np.where(present, excess[:, None], -np.inf).max(axis=0)
-    evicted = ctx.evicted
+    fut = ctx.future
+    excess = np.full(len(idx.qn), -np.inf)
+    for q in queues:
+        excess[idx.qn[q]] = ctx.over(q)
+    mine = excess[idx.queue] > -np.inf  # entries of ``queues`` (an over-quota excess is finite)
+    room = np.add.reduceat(np.where(mine, idx.milli, 0), idx.starts)
+    nodes = idx.nodes
+    ok = (room > 0) & (free[nodes] + room >= need) & fut.schedulable[nodes]
+    if c.mask is not None:
+        ok &= c.mask[nodes]
+    if not ok.any():
+        return
+    least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
+    lost = np.round(least[ok], 6)
+    most = np.maximum.reduceat(np.where(mine & (idx.milli > 0), excess[idx.queue], -np.inf), idx.starts)[ok]
+    # a tighter bound, per node: at least the fewest victims (largest first) that free what is
+    # short there, each losing at least the least work one loses there
+    mine_milli = np.where(mine, idx.milli, 0)
+    before = np.cumsum(mine_milli) - mine_milli
+    before -= before[idx.starts][idx.run]
+    short = need - free[nodes]
+    fewest = np.maximum(np.add.reduceat(mine & (before < short[idx.run]), idx.starts), 1)[ok]
+    least_lost = np.round(fewest * least[ok] - 1e-7, 6)
+    most_any = np.maximum.reduceat(np.where(mine, excess[idx.queue], -np.inf), idx.starts)[ok]
+    cand = nodes[ok]
+    per_node, evicted = idx.per_node, ctx.evicted
     for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
         n = int(cand[i])
-        yield (float(lost[i]), 1, -float(most[i])), n, [(v, m) for v, m in per_node[n]
-                                                        if v.queue in queues and v.id not in evicted]
+        yield ((float(lost[i]), 1, -float(most[i])), n,
+               [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in evicted],
+               (float(least_lost[i]), int(fewest[i]), -float(most_any[i])))
 
 
 def _nodes_from_list(ctx: Cycle, c: Candidate, victims: list[Workload], need: int, free: np.ndarray):
@@ -393,9 +436,12 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     else:
         nodes = _nodes_from_list(ctx, c, victims, need, free)
     best: tuple[tuple, list[Workload], int] | None = None
-    for bound, n, vs in nodes:
-        if best is not None and bound >= best[0][:3]:
-            break  # no node left can beat the best plan
+    for bound, n, vs, *tighter in nodes:
+        if best is not None:
+            if bound >= best[0][:3]:
+                break  # no node left can beat the best plan
+            if tighter and (tighter[0] > best[0][:3] or (tighter[0] == best[0][:3] and n > best[2])):
+                continue  # nor can this one (a plan's cost ties break by node)
         if not vs or sum(m for _, m in vs) + int(free[n]) < need:
             continue
         found = _search(ctx, c, [v for v, _ in vs], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)

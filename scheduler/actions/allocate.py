@@ -75,6 +75,9 @@ def _bind_holders(ctx: Cycle) -> None:
         if w.phase != Phase.PENDING:
             continue  # moved by consolidation and still releasing: its new place stays held
         c = ctx.candidate(w)
+        if w.pods == 1 and SHORTCUTS and not _could_bind(ctx, c, r, nowhere):
+            ctx.wait(w, r.code, r.detail)  # what giving its holds back and taking them again would end in
+            continue
         ctx.unhold(wid)
         placed = None
         st = Statement(ctx, now)
@@ -102,6 +105,40 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
         ctx.settling[wid] = dataclasses.replace(ctx.reservations.pop(wid), bound_at=ctx.now_t)
         ctx.bind(c, placed)
+
+
+def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple]) -> bool:
+    """Would ``_bind_holders`` bind this single-pod holder, its holds given back? Worked out
+    without giving them back (most holders still wait: giving back and taking again what they
+    hold would be most of the action's cost); records a shape that fits nowhere as it would."""
+    if ctx.quota_block(c) is not None:
+        return False
+    now, w = ctx.now, c.w
+    holds = ctx.holds.get(w.id, ())
+    _give_back(now, holds, 1)
+    try:
+        if now.fits_placements(r.placements, w):
+            return True
+        if _fits_on_any(ctx, c, {now.index[p.node] for p in r.placements}):
+            return True
+    finally:
+        _give_back(now, holds, -1)
+    if c.shape in nowhere:
+        return False
+    if ctx.fits(c, now):  # the nodes of its reservation were tried above with its holds
+        return True
+    nowhere.add(c.shape)
+    return False
+
+
+def _give_back(now, holds, sign: int) -> None:
+    """Add (``sign`` 1) or take away again (-1) a holder's now-view holds, for a probe: no log
+    entry, since the arrays are as they were once the probe ends."""
+    for n, gpus, gh, ch, mh in holds:
+        for g, h in zip(gpus, gh):
+            now.gpu_free[n, g] += sign * h
+        now.cpu_free[n] += sign * ch
+        now.mem_free[n] += sign * mh
 
 
 def _fits_on_any(ctx: Cycle, c: Candidate, nodes: set[int]) -> bool:

@@ -69,7 +69,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
                 c.code, c.detail = tried[key]
             continue
         budget = ReclaimBudget(ctx, w.queue, amt)
-        sides = {p for p in pool if p != w.queue and budget.candidate_side(p)}
+        sides = budget.candidate_queues(pool)
         found = plan(ctx, c, None, budget, queues=sides) if sides else None
         if found is None:
             why = _why_not(ctx, c, budget, sides, protected)
