@@ -333,6 +333,7 @@ class Cycle:
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
+        self._held_all: tuple[int, list[str]] | None = None  # what they hold in all (see _held_in)
         # holders that bound into their planned place lately (the last two grace periods): their
         # reservations are handed on as markers, and consolidation does not move them again
         self.settling: dict[str, Reservation] = {}
@@ -473,6 +474,7 @@ class Cycle:
 
     def unhold(self, wid: str) -> None:
         """Give the now-view capacity held for ``wid`` back (it is about to bind into it)."""
+        self._held_all = None
         for n, gpus, gh, ch, mh in self.holds.pop(wid, ()):
             for g, h in zip(gpus, gh):
                 if h:
@@ -502,6 +504,7 @@ class Cycle:
                 now.take(n, (), 0, ch, mh)
             holds.append((n, p.gpus, gh, ch, mh))
         self.holds[w.id] = holds
+        self._held_all = None
 
     def reservation_for(self, c: Candidate, placements: tuple[PodPlacement, ...], code: Code,
                         **detail) -> Reservation:
@@ -682,19 +685,28 @@ class Cycle:
                 detail["own_gpus"] = c.w.pods  # the gang's pods may not share a GPU
             return Code.FRAGMENTED, detail
         if self.holds:
-            held = 0
-            holders = []
-            for wid, holds in self.holds.items():
-                h = sum(sum(gh) for n, _, gh, _, _ in holds if sel is True or sel[n])
-                if h:
-                    held += h
-                    holders.append(wid)
+            held, holders = self._held_in(sel, c.mask is None)
             if held and free + held / MILLI + EPS >= need:
                 return Code.RESERVED, {**detail, "reserved": held / MILLI, "holder": ", ".join(sorted(holders))}
         off = int((~self.now.schedulable & (self.now.num_gpus > 0)).sum())
         if off:
             detail["unschedulable_nodes"] = off
         return Code.CAPACITY, detail
+
+    def _held_in(self, sel: np.ndarray, whole: bool) -> tuple[int, list[str]]:
+        """GPU milli held in the now view for holders on the nodes ``sel`` marks, and the holders
+        (``whole``: ``sel`` marks every schedulable node; kept until the holds change)."""
+        if whole and self._held_all is not None:
+            return self._held_all
+        held, holders = 0, []
+        for wid, holds in self.holds.items():
+            h = sum(sum(gh) for n, _, gh, _, _ in holds if sel is True or sel[n])
+            if h:
+                held += h
+                holders.append(wid)
+        if whole:
+            self._held_all = (held, holders)
+        return held, holders
 
     def wait(self, c: Candidate | Workload, code: Code, detail: dict | None = None) -> None:
         """Record why a workload waits this cycle."""

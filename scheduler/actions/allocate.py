@@ -154,9 +154,14 @@ def _maybe_behind(ctx: Cycle, c: Candidate, lowest: dict[str, int]) -> None:
     if lowest.get(q, prio) >= prio or q in ctx.probed:
         return
     ctx.probed.add(q)
+    mine = ctx.cache.get("preemptible-by-queue")
+    if mine is None:  # the preemptible running workloads by queue, once a cycle
+        mine = ctx.cache["preemptible-by-queue"] = {}
+        for v in ctx.preemptible_running():
+            mine.setdefault(v.queue, []).append(v)
     st = Statement(ctx, ctx.future)
-    for v in ctx.preemptible_running():
-        if v.queue == q and v.priority < prio:
+    for v in mine.get(q, ()):
+        if v.priority < prio and v.id not in ctx.evicted:
             st.remove(v, v.placements)
     if ctx.fits(c):
         ctx.behind[q] = prio
