@@ -94,5 +94,7 @@ class Scheduler:
                     ctx.result.pending[w.id] = Pending(Code.NO_QUEUE, w.queue)
         ctx.result.reservations = sorted([*ctx.reservations.values(), *ctx.settling.values()], key=SINCE)
         ctx.result.fair_share = ctx.fair
+        if ctx.fair_plain is not None:
+            ctx.result.fair_share_plain = {q: {"gpu": v.get("gpu", 0.0)} for q, v in ctx.fair_plain.items()}
         ctx.result.allocated = {q: dict(zip(RESOURCES, ctx.alloc[q])) for q in ctx.tree.queues}
         return ctx.result

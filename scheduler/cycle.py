@@ -27,6 +27,7 @@ from .reasons import Code, Pending
 from .victims import lost_gpu_seconds
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
+_PRIORITY = operator.attrgetter("priority")
 _ID = operator.attrgetter("id")
 _REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 SINCE = operator.attrgetter("since", "workload")  # the order reservations are taken in and handed on
@@ -181,7 +182,7 @@ def fits_on(state: ClusterState, n: int, req: PodRequest) -> bool:
     if req.num_gpus == 0:
         return True
     milli = state.milli_on(n, req)
-    return milli <= MILLI and int((state.gpu_free[n] >= milli).sum()) >= req.num_gpus
+    return milli <= MILLI and np.count_nonzero(state.gpu_free[n] >= milli) >= req.num_gpus
 
 
 class Cycle:
@@ -323,6 +324,8 @@ class Cycle:
         self.reasons: dict[tuple, tuple[Code, dict]] = {}  # capacity reasons by shape, reset on binds
         self.evicted: set[str] = set()
         self.reserved: dict[str, float] = {n: 0.0 for n in names}
+        self._over_vec: np.ndarray | None = None  # see over_all
+        self._over_dirty: set[str] = set()
         self._vnodes: dict[str, list[tuple[int, int]]] = {}
         self._vcost: dict[str, float] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
@@ -536,17 +539,23 @@ class Cycle:
         return amt
 
     def _account(self, w: Workload, amt: Vec, sign: int) -> None:
+        if self._over_vec is not None:
+            self._over_dirty.update(self.tree.path(w.queue))
         for q in self.tree.path(w.queue):
             self.alloc[q] = _add(self.alloc[q], amt, sign)
             if not w.preemptible:
                 self.nonpre[q] = _add(self.nonpre[q], amt, sign)
 
     def _claim(self, queue: str, amount: float) -> None:
+        if self._over_vec is not None:
+            self._over_dirty.update(self.tree.path(queue))
         for q in self.tree.path(queue):
             self.reserved[q] += amount
 
     def _evict(self, v: Workload, ev: Evict, sign: int) -> None:
         amt = self.amounts[v.id]
+        if self._over_vec is not None:
+            self._over_dirty.update(self.tree.path(v.queue))
         for q in self.tree.path(v.queue):
             self.releasing[q] = _add(self.releasing[q], amt, sign)
         if sign > 0:
@@ -565,6 +574,19 @@ class Cycle:
         """GPUs above fair share (negative: below), counting room reserved for its pending
         workloads that wait for preempted ones to release."""
         return self.effective(q)[0] + self.reserved[q] + extra - self.fair[q].get("gpu", 0.0)
+
+    def over_all(self) -> np.ndarray:
+        """``over`` of every queue, in ``tree.queues`` order (the same numbers: queues whose sums
+        changed since the last call are worked out again)."""
+        if self._over_vec is None:
+            self._over_vec = np.array([self.over(q) for q in self.tree.queues], dtype=float)
+            self._queue_index = {q: i for i, q in enumerate(self.tree.queues)}
+        elif self._over_dirty:
+            vec, index = self._over_vec, self._queue_index
+            for q in self._over_dirty:
+                vec[index[q]] = self.over(q)
+        self._over_dirty.clear()
+        return self._over_vec
 
     # -- placement -------------------------------------------------------------------------------
     def candidate(self, w: Workload) -> Candidate:
@@ -777,6 +799,24 @@ class Cycle:
         if hit is None:
             hit = self._vcost[v.id] = lost_gpu_seconds(v, self.now_t, self.amounts[v.id][0])
         return hit
+
+    def runs_lower_priority(self, v: Workload, taken: set[str]) -> bool:
+        """Does a preemptible workload of ``v``'s queue with a lower priority keep running (not
+        evicted this cycle, nor in ``taken``)?"""
+        by_queue = self.cache.get("preemptible-priorities")
+        if by_queue is None:  # queue -> its preemptible running workloads, lowest priority first
+            by_queue = self.cache["preemptible-priorities"] = {}
+            for w in self.running:
+                if w.preemptible:
+                    by_queue.setdefault(w.queue, []).append(w)
+            for lst in by_queue.values():
+                lst.sort(key=_PRIORITY)
+        for w in by_queue.get(v.queue, ()):
+            if w.priority >= v.priority:
+                return False
+            if w.id not in self.evicted and w.id not in taken:
+                return True
+        return False
 
     def preemptible_running(self, protected: list[Workload] | None = None) -> list[Workload]:
         """Running workloads that may be preempted now (not evicted yet this cycle); those still

@@ -252,3 +252,8 @@ class CycleResult:
     # resource -> amount; ``fair_share`` and ``allocated`` above are their sums over the pools
     pool_fair_share: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     pool_allocated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # fairness over time (``SchedulerConfig.fairness_k`` and usage given): the GPU share each queue
+    # would have without its past usage (queue -> {"gpu": amount}, summed over the pools; per pool
+    # in ``pool_fair_share_plain``); empty when past usage moves no share
+    fair_share_plain: dict[str, dict[str, float]] = field(default_factory=dict)
+    pool_fair_share_plain: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)

@@ -75,6 +75,7 @@ class ReclaimBudget(Budget):
         #                                    reclaimer side)
         self.gone: dict[str, float] = {}
         self.by_share: set[str] = set()  # victims taken by the fair-share rule in this pass
+        self.taken: set[str] = set()  # victims taken in this pass
         self.refused = ""
         self.why: dict = {}
 
@@ -117,6 +118,7 @@ class ReclaimBudget(Budget):
     def reset(self) -> None:
         self.gone.clear()
         self.by_share.clear()
+        self.taken.clear()
 
     def allows(self, v: Workload) -> bool:
         side, over, held, guar, reclaimer_before, guaranteed, _ = self._side(v.queue)
@@ -124,15 +126,23 @@ class ReclaimBudget(Budget):
         amt = self.ctx.amounts[v.id][0]
         if guaranteed and held - gone > guar + EPS:
             return True  # guarantee: take borrowed capacity back
-        if over - gone > reclaimer_before + EPS and (held - gone - amt >= guar - EPS or over - gone > EPS):
-            self.by_share.add(v.id)
-            return True  # fair share: rebalance, never below a guarantee of a queue within its share
+        share = over - gone > reclaimer_before + EPS
+        if share and (held - gone - amt >= guar - EPS or over - gone > EPS):
+            if not self.ctx.runs_lower_priority(v, self.taken):
+                self.by_share.add(v.id)
+                return True  # fair share: rebalance, never below a guarantee of a queue within its share
+            rule = "priority"  # its queue's lower-priority workloads go first
+        else:
+            rule = "guarantee" if share else "share"
         self.refused = side
         self.why = {"holder": side, "held": held - gone, "fair": self.ctx.fair[side].get("gpu", 0.0),
-                    "guarantee": guar, "rule": "guarantee" if over - gone > reclaimer_before + EPS else "share"}
+                    "guarantee": guar, "rule": rule}
+        if rule == "priority":
+            self.why["queue"] = v.queue
         return False
 
     def take(self, v: Workload) -> None:
+        self.taken.add(v.id)
         side = self._side(v.queue)[0]
         self.gone[side] = self.gone.get(side, 0.0) + self.ctx.amounts[v.id][0]
 
@@ -334,14 +344,15 @@ class _VictimIndex:
             for n, m in ctx.victim_nodes(v):
                 self.per_node.setdefault(n, []).append((v, m))
         qn = self.qn
+        entries = [(n, m, qn[v.queue], ctx.victim_cost(v)) for n, vs in self.per_node.items() for v, m in vs]
+        cols, milli, queue, cost = (np.array(x) for x in zip(*entries)) if entries else ((),) * 4
         # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed)
-        flat = sorted(((n, -m, qn[v.queue], ctx.victim_cost(v)) for n, vs in self.per_node.items() for v, m in vs),
-                      key=lambda e: (e[0], e[1]))
-        cols = np.array([e[0] for e in flat], dtype=np.int64)
-        self.milli = -np.array([e[1] for e in flat], dtype=np.int64)
-        self.queue = np.array([e[2] for e in flat], dtype=np.int64)
-        self.cost = np.array([e[3] for e in flat], dtype=float)
-        if flat:
+        order = np.lexsort((-np.asarray(milli, dtype=np.int64), np.asarray(cols, dtype=np.int64)))
+        cols = np.asarray(cols, dtype=np.int64)[order]
+        self.milli = np.asarray(milli, dtype=np.int64)[order]
+        self.queue = np.asarray(queue, dtype=np.int64)[order]
+        self.cost = np.asarray(cost, dtype=float)[order]
+        if entries:
             first = np.ones(len(cols), dtype=bool)
             first[1:] = cols[1:] != cols[:-1]
             self.starts = np.nonzero(first)[0]
@@ -366,8 +377,8 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         return
     fut = ctx.future
     excess = np.full(len(idx.qn), -np.inf)
-    for q in queues:
-        excess[idx.qn[q]] = ctx.over(q)
+    rows = [idx.qn[q] for q in queues]
+    excess[rows] = ctx.over_all()[rows]
     mine = excess[idx.queue] > -np.inf  # entries of ``queues`` (an over-quota excess is finite)
     room = np.add.reduceat(np.where(mine, idx.milli, 0), idx.starts)
     nodes = idx.nodes
@@ -436,6 +447,7 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     else:
         nodes = _nodes_from_list(ctx, c, victims, need, free)
     best: tuple[tuple, list[Workload], int] | None = None
+    judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget else None
     for bound, n, vs, *tighter in nodes:
         if best is not None:
             if bound >= best[0][:3]:
@@ -444,7 +456,14 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
                 continue  # nor can this one (a plan's cost ties break by node)
         if not vs or sum(m for _, m in vs) + int(free[n]) < need:
             continue
+        if judge is not None:
+            refused = judge.hopeless(vs)
+            if refused is not None:  # the search could only fail, leaving the budget so
+                budget.refused, budget.why = refused
+                continue
         found = _search(ctx, c, [v for v, _ in vs], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)
+        if found is None and judge is not None and len(vs) == 1:
+            judge.failed_alone(vs[0][0])
         if found is not None:
             cost = found[0] + (n,)
             if best is None or cost < best[0]:
@@ -454,6 +473,62 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     only = np.zeros(len(fut.nodes), dtype=bool)
     only[best[2]] = True
     return best[1], only
+
+
+class _Refusals:
+    """What a reclaim's budget refuses, worked out once per plan for a victim's side, size, queue
+    and priority: a node where the budget may take none of the victims, or where its one victim
+    may not go on its own, is not searched (the search could only fail). Within a plan nothing
+    commits, and whether ``ReclaimBudget`` takes a victim first, and whether a plan of that
+    victim alone brings the shares closer, depend on those alone. When every victim on a node is
+    refused first, none is ever taken: a side's rules only tighten as victims go, and a victim
+    refused for a lower-priority workload of its queue still running waits for one that runs
+    elsewhere (out of this node's plan) or is itself refused. Each answer keeps what the refusal
+    leaves in the budget (``refused``, ``why``), so that the reasons come out as if the node had
+    been searched."""
+
+    def __init__(self, ctx: Cycle, budget: ReclaimBudget):
+        self.ctx, self.budget = ctx, budget
+        self.first: dict[tuple, tuple | None] = {}  # (side, GPUs) -> None: may go first; else the refusal
+        self.alone: dict[tuple, tuple] = {}  # (side, GPUs) -> the refusal of a plan of it alone
+
+    def _key(self, v: Workload) -> tuple:
+        return self.budget._side(v.queue)[0], self.ctx.amounts[v.id][0], v.queue, v.priority
+
+    def _judge(self, check: Callable[[], bool]) -> tuple | None:
+        b = self.budget
+        left = (b.refused, b.why)
+        b.reset()
+        try:
+            return None if check() else (b.refused, b.why)
+        finally:
+            b.reset()
+            b.refused, b.why = left
+
+    def _may_go_first(self, v: Workload) -> tuple | None:
+        key = self._key(v)
+        if key not in self.first:
+            self.first[key] = self._judge(lambda: self.budget.allows(v))
+        return self.first[key]
+
+    def hopeless(self, vs: list[tuple[Workload, int]]) -> tuple | None:
+        """The refusal a search of these victims would end with, if it could only fail."""
+        if len(vs) == 1 and self._key(vs[0][0]) in self.alone:
+            return self.alone[self._key(vs[0][0])]
+        if any(self._may_go_first(v) is None for v, _ in vs):
+            return None
+        # every pass is refused throughout; the last is the largest-first one, whose last
+        # victim's refusal the search leaves
+        ctx = self.ctx
+        last = max((v for v, _ in vs), key=lambda v: (-ctx.amounts[v.id][0], ctx.victim_cost(v), v.id))
+        return self._may_go_first(last)
+
+    def failed_alone(self, v: Workload) -> None:
+        """A search of ``v`` alone found no plan: note it if the budget refuses the plan."""
+        if self._may_go_first(v) is None:
+            refused = self._judge(lambda: self.budget.allows(v) and self.budget.accepts([v]))
+            if refused is not None:
+                self.alone[self._key(v)] = refused
 
 
 def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload], mask: np.ndarray | None,

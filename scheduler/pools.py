@@ -226,6 +226,11 @@ class PooledCycle:
         result.pool_fair_share = {p: ctxs[p].result.fair_share for p in self.pools}
         result.pool_allocated = {p: ctxs[p].result.allocated for p in self.pools}
         result.fair_share = _sum_pools(result.pool_fair_share)
+        plain = {p: ctxs[p].result.fair_share_plain for p in self.pools if ctxs[p].result.fair_share_plain}
+        if plain:  # a pool without usage moves no share: its plain share is its share
+            result.pool_fair_share_plain = {p: plain.get(p) or {q: {"gpu": v.get("gpu", 0.0)} for q, v in
+                                                                 result.pool_fair_share[p].items()} for p in self.pools}
+            result.fair_share_plain = {q: {"gpu": v["gpu"]} for q, v in _sum_pools(result.pool_fair_share_plain).items()}
         result.allocated = _sum_pools(result.pool_allocated)
         return result
 

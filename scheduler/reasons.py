@@ -94,6 +94,10 @@ def _refusal(q: str, d: dict) -> str:
     if d["rule"] == "guarantee":
         return (f"the GPUs that would make room belong to {h}, which holds {held} of its guaranteed "
                 f"{_gpus(d['guarantee'])} (fair share {fair}): taking them would break its guarantee")
+    if d["rule"] == "priority":
+        return (f"the GPUs that would make room belong to a workload of queue {d.get('queue', h)} ({h} holds "
+                f"{held}, fair share {fair}) while lower-priority workloads of that queue still run: a reclaim "
+                f"takes a queue's lowest priorities first")
     if d["rule"] == "whole":
         return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}) as whole workloads "
                 f"of {_gpus(d['taken'])}; taking them would leave the two queues further from their fair "

@@ -8,8 +8,9 @@ import math
 
 import pytest
 
+from gpupool.scheduler import Scheduler
 from gpupool.scheduler.fairshare import QueueTree, fair_shares
-from gpupool.scheduler.model import QueueSpec
+from gpupool.scheduler.model import NodeSpec, PoolQuota, QueueSpec, SchedulerConfig, Snapshot, Workload
 from gpupool.scheduler.usage import FairnessConfig, UsageHistory
 from gpupool.sim import parse_scenario, simulate
 
@@ -112,6 +113,34 @@ def test_a_waiting_workload_is_told_that_past_usage_lowered_its_share():
     assert "fair-share-lowered-by-usage" in codes
     w = next(w for w in waiting if w["pending_code"] == "fair-share-lowered-by-usage")
     assert "lowered from" in w["pending_reason"] and "past usage" in w["pending_reason"]
+
+
+def test_the_cycle_result_says_the_share_a_queue_would_have_without_its_past_usage():
+    """Two queues deserving 2 GPUs each of 8, both wanting all 8: past usage moves only the 4
+    borrowed; ``fair_share_plain`` is the share before it moved, summed over node pools."""
+    queues = [QueueSpec("a", deserved={"gpu": 2}), QueueSpec("b", deserved={"gpu": 2})]
+    want = [Workload(f"{q}{i}", q, gpus=1, submit_time=i) for q in "ab" for i in range(8)]
+
+    def shares(pooled: bool, usage: dict | None, k: float = 1.0):
+        nodes = [NodeSpec(f"n{i}", gpus=4, pool="p0" if pooled and i == 0 else ("p1" if pooled else "default"))
+                 for i in range(2)]
+        qs = [QueueSpec(q.name, pools={"p0": PoolQuota({"gpu": 1}), "p1": PoolQuota({"gpu": 1})})
+              for q in queues] if pooled else queues
+        snap = Snapshot(now=0.0, nodes=nodes, queues=qs, workloads=[Workload(**{f: getattr(w, f) for f in
+                        ("id", "queue", "gpus", "submit_time")}) for w in want], usage=usage or {})
+        return Scheduler(SchedulerConfig(fairness_k=k)).schedule(snap)
+
+    plain = shares(False, None)
+    assert plain.fair_share_plain == {}  # no past usage: nothing moved
+    moved = shares(False, {"default": {"a": 0.5, "b": 0.0}})
+    assert moved.fair_share["a"]["gpu"] < 4 < moved.fair_share["b"]["gpu"]
+    assert moved.fair_share_plain == {"a": {"gpu": 4.0}, "b": {"gpu": 4.0}}
+    assert shares(False, {"default": {"a": 0.5}}, k=0.0).fair_share_plain == {}  # k = 0: usage moves nothing
+    pooled = shares(True, {"p0": {"a": 0.5, "b": 0.0}})  # usage in pool p0 only
+    assert pooled.pool_fair_share_plain["p0"] == {"a": {"gpu": 2.0}, "b": {"gpu": 2.0}}
+    assert pooled.pool_fair_share_plain["p1"] == {q: {"gpu": v["gpu"]} for q, v in pooled.pool_fair_share["p1"].items()}
+    assert pooled.fair_share_plain == {"a": {"gpu": 4.0}, "b": {"gpu": 4.0}}
+    assert pooled.fair_share["a"]["gpu"] < 4
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -465,6 +465,14 @@ def test_regress_no_priority_ping_pong():
     assert not thrash(report), thrash(report)
 
 
+def test_regress_a_reclaim_takes_a_queues_lowest_priorities_first():
+    data = scenario_data("regress_reclaim_lowest_priority_first")
+    report = simulate(parse_scenario(data), seed=1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not thrash(report), thrash(report)
+    assert not late_evictions(data, settle=120, seed=1)
+
+
 def test_regress_steady_state_without_priority_preemptions():
     assert not late_evictions(scenario_data("regress_steady_priority_preemption"), settle=200)
 
