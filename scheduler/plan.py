@@ -380,7 +380,8 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     rows = [idx.qn[q] for q in queues]
     excess[rows] = ctx.over_all()[rows]
     mine = excess[idx.queue] > -np.inf  # entries of ``queues`` (an over-quota excess is finite)
-    room = np.add.reduceat(np.where(mine, idx.milli, 0), idx.starts)
+    mine_milli = np.where(mine, idx.milli, 0)
+    room = np.add.reduceat(mine_milli, idx.starts)
     nodes = idx.nodes
     ok = (room > 0) & (free[nodes] + room >= need) & fut.schedulable[nodes]
     if c.mask is not None:
@@ -391,9 +392,9 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     lost = np.round(least[ok], 6)
     most = np.maximum.reduceat(np.where(mine & (idx.milli > 0), excess[idx.queue], -np.inf), idx.starts)[ok]
     # a tighter bound, per node: at least the fewest victims (largest first) that free what is
-    # short there, each losing at least the least work one loses there
-    mine_milli = np.where(mine, idx.milli, 0)
-    before = np.cumsum(mine_milli) - mine_milli
+    # short there, each losing at least the least work one loses there (less a hair: a sum of
+    # costs may round below that many times the least)
+    before = np.cumsum(mine_milli) - mine_milli  # what the node's earlier entries hold
     before -= before[idx.starts][idx.run]
     short = need - free[nodes]
     fewest = np.maximum(np.add.reduceat(mine & (before < short[idx.run]), idx.starts), 1)[ok]
