@@ -243,7 +243,12 @@ def stop_all_servers(hub_api: str, token: str, timeout: float = 60.0) -> None:
 
 
 def _die_with_parent() -> None:
-    """In the hub's process, before it runs (Linux): SIGTERM when the launcher dies."""
+    """In the hub's process, before it runs (Linux): SIGTERM when the launcher dies; SIGINT and
+    SIGQUIT back to their defaults (a shell starts a background job with them ignored, and the
+    hub's services would inherit that and sit out the hub's SIGINT: each stop then waits for its
+    timeout, ~30 s in all)."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         import ctypes
 

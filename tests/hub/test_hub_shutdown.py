@@ -46,7 +46,9 @@ def test_ctrl_c_to_the_demo_group_stops_it_in_order_and_frees_the_servers_gpus(t
     port = free_port_block()
     base = f"http://127.0.0.1:{port}"
     args = ["--demo", "--port", str(port), "--gpus", "declared"]
-    hubs = [HubProcess(args, tmp_path)]
+    # started as `gpupool hub --demo &` from a script would be (SIGINT ignored, and inherited by
+    # whatever does not reset it): the hub's services must still stop at once
+    hubs = [HubProcess(args, tmp_path, background=True)]
     try:
         hubs[0].wait_output("demo hub is up")
         s, xsrf = _login(base, "alice")

@@ -107,10 +107,14 @@ class HubProcess:
     """``gpupool hub ...`` run in its own session with its output in a file; ``stop()`` sends what
     Ctrl-C sends, then kills whatever it left running (only processes recorded with their start time)."""
 
-    def __init__(self, args: list[str], cwd: Path):
+    def __init__(self, args: list[str], cwd: Path, background: bool = False):
+        """``background``: start it as a shell starts a background job (``gpupool hub &``), with
+        SIGINT and SIGQUIT ignored, which every process it starts inherits unless it resets them."""
         self.log = open(cwd / "hub.log", "w+")
+        ignore = (lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)]) if background else None
         self.proc = subprocess.Popen([GPUPOOL, "hub", *args], cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=ignore)
         self.descendants: dict[int, int] = {}  # pid -> start time: what we may kill at the end
         self.rc: int | str | None = None
         self.leftovers: list[int] = []
