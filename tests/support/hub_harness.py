@@ -176,6 +176,14 @@ MARKER_VAR = "GPUPOOL_TEST_HUB"
 _HUBS: list["Hub"] = []  # every Hub started in this test process (for the leak check)
 
 
+def _default_signals() -> None:
+    """In a hub's process before it runs: SIGINT and SIGQUIT at their defaults, as the launcher
+    sets them (a suite started in the background has them ignored, and the hub's managed services
+    would inherit that and outlive the hub's stop)."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Hub:
     def __init__(self, tmp_path: Any, gpupool: dict | None = None, users: Iterable[str] = ("alice", "bob"),
                  admins: Iterable[str] = ("admin",), groups: dict[str, list[str]] | None = None,
@@ -315,7 +323,7 @@ for _k, _v in json.loads({json.dumps(json.dumps(self.settings))}).items():
         self._hub_log_f = open(self.dir / "hub.log", "ab")
         self._hub = subprocess.Popen([str(VENV_BIN / "jupyterhub"), "-f", str(self.config_file)], cwd=self.dir,
                                      env=self._env(), stdout=self._hub_log_f, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_default_signals)
         self._record(self._hub.pid, "jupyterhub")
         try:
             self.wait_for(self._hub_up, self.start_timeout, message="JupyterHub did not come up")
