@@ -52,7 +52,8 @@ Methods:
   line contains ``command`` (e.g. the service's scheduling worker: ``children(hub.service_pid(),
   "spawn_main")``).
 * (module) ``ledger(hub, job_id) -> list[dict]``: the usage records of one job, from the hub's database.
-* (module) ``free_port()``, ``dead_port()``: a free port to listen on; a port where nothing listens.
+* (module) ``free_port()``, ``free_ports(n)``, ``dead_port()``: a free port to listen on; n distinct ones;
+  a port where nothing listens.
 * ``hub_log() -> str``, ``service_log() -> str`` (unmanaged: the service's own output; managed:
   it is in the hub log).
 * ``stop()``: stops the hub, the proxy, the service and every job process; also on ``__exit__``.
@@ -93,9 +94,21 @@ CHP_BIN = ROOT / "node_modules" / ".bin"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports. Each socket stays bound until all are chosen: ports picked one
+    after another, each closed at once, can repeat (a CI run once gave the hub and the proxy's API
+    the same port, and the hub could not bind)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def dead_port() -> int:
@@ -195,7 +208,7 @@ class Hub:
         self.groups = dict(groups or {})
         self.managed = managed
         self.start_timeout = start_timeout
-        self.ports = {"public": free_port(), "hub": free_port(), "proxy_api": free_port(), "service": free_port()}
+        self.ports = dict(zip(("public", "hub", "proxy_api", "service"), free_ports(4)))
         self.job_root = str(self.dir / "jobs")
         self.marker = secrets.token_hex(12)
         self._started: dict[int, tuple[float, str]] = {}  # pid -> (start time, what) of what we started
