@@ -115,19 +115,7 @@ class ClusterState:
     def fits_placements(self, placements: Sequence[PodPlacement], w: Workload) -> bool:
         """Would all of ``placements`` (one workload's pods: they may share a node or a GPU, and
         their needs add up) fit now? A node or GPU that does not exist does not fit."""
-        cpu = int(round(w.cpu * MILLI))
-        gpu: dict[tuple[int, int], int] = {}
-        pods: dict[int, int] = {}
-        for p in placements:
-            n = self.index.get(p.node)
-            if n is None or any(g >= self.num_gpus[n] for g in p.gpus):
-                return False
-            pods[n] = pods.get(n, 0) + 1
-            for g in p.gpus:
-                gpu[n, g] = gpu.get((n, g), 0) + p.milli
-        if any(self.cpu_free[n] < cpu * k or self.mem_free[n] < w.memory * k for n, k in pods.items()):
-            return False
-        return all(self.gpu_free[n, g] >= m for (n, g), m in gpu.items())
+        return fits_placements(self, placements, w)
 
     def free_gpu_milli(self) -> int:
         return int(self.gpu_free[self.schedulable].sum())
@@ -151,3 +139,87 @@ class ClusterState:
                               else nd.labels.get(key)) == want for nd in self.nodes], dtype=bool)
             mask &= vals
         return mask
+
+
+def fits_placements(view: "ClusterState | FreeRows", placements: Sequence[PodPlacement], w: Workload) -> bool:
+    """``ClusterState.fits_placements`` on either view of the free capacity."""
+    cpu = int(round(w.cpu * MILLI))
+    num_gpus = view.num_gpus
+    gpu: dict[tuple[int, int], int] = {}
+    pods: dict[int, int] = {}
+    for p in placements:
+        n = view.index.get(p.node)
+        if n is None or any(g >= num_gpus[n] for g in p.gpus):
+            return False
+        pods[n] = pods.get(n, 0) + 1
+        for g in p.gpus:
+            gpu[n, g] = gpu.get((n, g), 0) + p.milli
+    cpu_free, mem_free, gpu_free = view.cpu_free, view.mem_free, view.gpu_free
+    if any(cpu_free[n] < cpu * k or mem_free[n] < w.memory * k for n, k in pods.items()):
+        return False
+    return all(gpu_free[n][g] >= m for (n, g), m in gpu.items())
+
+
+class FreeRows:
+    """The free capacity of a ``ClusterState`` as Python lists, for long runs of one-pod reads and
+    writes (the reservations a cycle takes in, the holders it probes): a list item costs a
+    fraction of what a numpy scalar does. The same fields as the state (``gpu_free[n][g]``,
+    ``cpu_free[n]``, ``mem_free[n]``, ``index``, ``num_gpus``, ``schedulable``).
+
+    ``take``/``give`` write the lists only; ``flush()`` writes the rows they touched back into the
+    state, with the state's log. ``sync()`` reads in the rows the state's log says changed since
+    (a reader while the state is written elsewhere)."""
+
+    def __init__(self, state: ClusterState):
+        self.state = state
+        self.index = state.index
+        self.num_gpus = state.num_gpus.tolist()
+        self.schedulable = state.schedulable.tolist()
+        self.gpu_free = state.gpu_free.tolist()
+        self.cpu_free = state.cpu_free.tolist()
+        self.mem_free = state.mem_free.tolist()
+        self._seen = len(state.log)
+        self._written: list[int] = []
+
+    def sync(self) -> None:
+        log, st = self.state.log, self.state
+        if len(log) > self._seen:
+            for n in set(log[self._seen:]):
+                self.gpu_free[n] = st.gpu_free[n].tolist()
+                self.cpu_free[n] = int(st.cpu_free[n])
+                self.mem_free[n] = int(st.mem_free[n])
+            self._seen = len(log)
+
+    def take(self, node: int, gpus: Sequence[int], milli: int, cpu_milli: int, memory: int) -> None:
+        self._written.append(node)
+        row = self.gpu_free[node]
+        for g in gpus:
+            row[g] -= milli
+        self.cpu_free[node] -= cpu_milli
+        self.mem_free[node] -= memory
+
+    def take_placement(self, p: PodPlacement, w: Workload) -> None:
+        i = self.index.get(p.node)
+        if i is not None:
+            self.take(i, p.gpus, p.milli, int(round(w.cpu * MILLI)), w.memory)
+
+    def fits_on(self, n: int, req: PodRequest, milli: int) -> bool:
+        """Does one pod of ``req`` (``milli`` per GPU on this node) fit on node ``n``?"""
+        if self.cpu_free[n] < req.cpu_milli or self.mem_free[n] < req.memory:
+            return False
+        if req.num_gpus == 0:
+            return True
+        return milli <= MILLI and sum(f >= milli for f in self.gpu_free[n]) >= req.num_gpus
+
+    def flush(self) -> None:
+        """Write the rows ``take`` changed back into the state (logged there as changed)."""
+        if not self._written:
+            return
+        st = self.state
+        rows = sorted(set(self._written))
+        st.gpu_free[rows] = [self.gpu_free[n] for n in rows]
+        st.cpu_free[rows] = [self.cpu_free[n] for n in rows]
+        st.mem_free[rows] = [self.mem_free[n] for n in rows]
+        st.log.extend(self._written)
+        self._written = []
+        self._seen = len(st.log)

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .cluster import ClusterState, PodRequest
+from .cluster import ClusterState, FreeRows, PodRequest, fits_placements
 from .fairshare import EPS, QueueTree, fair_shares, guarantees
 from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacement, Reservation, SchedulerConfig,
                     Snapshot, Workload)
@@ -410,6 +410,8 @@ class Cycle:
         timeout = self.cfg.reservation_timeout
         if timeout is None:
             timeout = 2 * self.cfg.preemption_grace + 60.0
+        # the views as lists while thousands of reservations are taken in one by one
+        fut, now = FreeRows(self.future), FreeRows(self.now)
         for r in sorted(reservations, key=SINCE):
             w = self.by_id.get(r.workload)
             if r.bound_at is not None:  # a marker: it bound into a planned place lately
@@ -427,11 +429,13 @@ class Cycle:
             if not why and not w.preemptible and w.phase == Phase.PENDING:
                 why = self._nonpreemptible_blocked(w)
             if not why:
-                why = self._hold(w, r)
+                why = self._hold(w, r, fut, now)
             if why:
                 self.result.dropped[w.id] = why
                 continue
             self.reservations[w.id] = r
+        fut.flush()
+        now.flush()
 
     def _unentitled(self, w: Workload) -> str:
         """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): reclaim
@@ -459,20 +463,21 @@ class Cycle:
                     f"({held:g} GPUs), so it cannot bind")
         return ""
 
-    def _hold(self, w: Workload, r: Reservation) -> str:
+    def _hold(self, w: Workload, r: Reservation, fut: FreeRows, now: FreeRows) -> str:
         """Take ``r``'s placements in the future view and hold what is free of them now."""
-        fut = self.future
-        gone = sorted({p.node for p in r.placements
-                       if p.node not in fut.index or not fut.schedulable[fut.index[p.node]]})
-        if gone:
-            return f"node {', '.join(gone)} is gone or no longer schedulable"
-        if not fut.fits_placements(r.placements, w):
+        index, sched = fut.index, fut.schedulable
+        for p in r.placements:
+            n = index.get(p.node)
+            if n is None or not sched[n]:
+                gone = sorted({p.node for p in r.placements if p.node not in index or not sched[index[p.node]]})
+                return f"node {', '.join(gone)} is gone or no longer schedulable"
+        if not fits_placements(fut, r.placements, w):
             nodes = ", ".join(sorted({p.node for p in r.placements}))
             return f"the capacity planned on node {nodes} is no longer there"
         for p in r.placements:
             fut.take_placement(p, w)
         self._claim(w.queue, self.amounts[w.id][0])
-        self._hold_now(w, r.placements)
+        self._hold_now(w, r.placements, now)
         return ""
 
     def unhold(self, wid: str) -> None:
@@ -489,15 +494,17 @@ class Cycle:
         """Undo ``unhold`` (the holder could not bind yet)."""
         self._hold_now(self.by_id[wid], self.reservations[wid].placements)
 
-    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...]) -> None:
+    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...], now: ClusterState | FreeRows | None = None
+                  ) -> None:
         """Hold for ``w`` whatever of ``placements`` is free in the now view (the rest is still
         held by the workloads releasing it), so that nobody else binds there meanwhile."""
-        now = self.now
+        now = self.now if now is None else now
         cpu, mem = int(round(w.cpu * MILLI)), w.memory
         holds = []
         for p in placements:
             n = now.index[p.node]
-            gh = tuple(int(min(p.milli, max(0, now.gpu_free[n, g]))) for g in p.gpus)
+            row = now.gpu_free[n]
+            gh = tuple(int(min(p.milli, max(0, row[g]))) for g in p.gpus)
             ch = int(min(cpu, max(0, now.cpu_free[n])))
             mh = int(min(mem, max(0, now.mem_free[n])))
             for g, h in zip(p.gpus, gh):
@@ -803,20 +810,30 @@ class Cycle:
     def runs_lower_priority(self, v: Workload, taken: set[str]) -> bool:
         """Does a preemptible workload of ``v``'s queue with a lower priority keep running (not
         evicted this cycle, nor in ``taken``)?"""
-        by_queue = self.cache.get("preemptible-priorities")
-        if by_queue is None:  # queue -> its preemptible running workloads, lowest priority first
-            by_queue = self.cache["preemptible-priorities"] = {}
-            for w in self.running:
-                if w.preemptible:
-                    by_queue.setdefault(w.queue, []).append(w)
-            for lst in by_queue.values():
-                lst.sort(key=_PRIORITY)
-        for w in by_queue.get(v.queue, ()):
+        ranked = self.cache.setdefault("preemptible-ranked", {})  # queue -> lowest priority first
+        mine = ranked.get(v.queue)
+        if mine is None:
+            mine = ranked[v.queue] = sorted(self.preemptible_by_queue(young=True).get(v.queue, ()), key=_PRIORITY)
+        for w in mine:
             if w.priority >= v.priority:
                 return False
             if w.id not in self.evicted and w.id not in taken:
                 return True
         return False
+
+    def preemptible_by_queue(self, young: bool = False) -> dict[str, list[Workload]]:
+        """The preemptible running workloads by queue, grouped once a cycle (in running order;
+        those evicted since stay listed: callers skip ``evicted``). ``young``: those still inside
+        ``min_runtime`` too."""
+        key = "preemptible-by-queue-young" if young else "preemptible-by-queue"
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = {}
+            self.preemptible_running()  # fills the cache it groups
+            for w in self.running if young else self.cache["preemptible"][0]:
+                if w.preemptible:
+                    hit.setdefault(w.queue, []).append(w)
+        return hit
 
     def preemptible_running(self, protected: list[Workload] | None = None) -> list[Workload]:
         """Running workloads that may be preempted now (not evicted yet this cycle); those still

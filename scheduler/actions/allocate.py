@@ -14,6 +14,7 @@ import dataclasses
 import heapq
 import operator
 
+from ..cluster import FreeRows, fits_placements
 from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order, raw_key
 from ..fairshare import EPS
 from ..model import Phase, Workload
@@ -70,12 +71,13 @@ def _bind_holders(ctx: Cycle) -> None:
     # where a holder that bound elsewhere held: then this is forgotten): a later holder of such a
     # shape can only fit on the nodes of its own reservation.
     nowhere: set[tuple] = set()
+    rows = FreeRows(now)  # the probes read the now view as lists (kept in step through its log)
     for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
         w = ctx.by_id[wid]
         if w.phase != Phase.PENDING:
             continue  # moved by consolidation and still releasing: its new place stays held
         c = ctx.candidate(w)
-        if w.pods == 1 and SHORTCUTS and not _could_bind(ctx, c, r, nowhere):
+        if w.pods == 1 and SHORTCUTS and not _could_bind(ctx, c, r, nowhere, rows):
             ctx.wait(w, r.code, r.detail)  # what giving its holds back and taking them again would end in
             continue
         ctx.unhold(wid)
@@ -107,7 +109,7 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx.bind(c, placed)
 
 
-def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple]) -> bool:
+def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple], rows: FreeRows) -> bool:
     """Would ``_bind_holders`` bind this single-pod holder, its holds given back? Worked out
     without giving them back (most holders still wait: giving back and taking again what they
     hold would be most of the action's cost); records a shape that fits nowhere as it would."""
@@ -115,14 +117,16 @@ def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple]) -> bool:
         return False
     now, w = ctx.now, c.w
     holds = ctx.holds.get(w.id, ())
-    _give_back(now, holds, 1)
+    rows.sync()
+    _give_back(rows, holds, 1)
     try:
-        if now.fits_placements(r.placements, w):
+        if fits_placements(rows, r.placements, w):
             return True
-        if _fits_on_any(ctx, c, {now.index[p.node] for p in r.placements}):
-            return True
+        for n in {now.index[p.node] for p in r.placements}:
+            if rows.schedulable[n] and (c.mask is None or c.mask[n]) and rows.fits_on(n, c.req, now.milli_on(n, c.req)):
+                return True
     finally:
-        _give_back(now, holds, -1)
+        _give_back(rows, holds, -1)
     if c.shape in nowhere:
         return False
     if ctx.fits(c, now):  # the nodes of its reservation were tried above with its holds
@@ -131,14 +135,15 @@ def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple]) -> bool:
     return False
 
 
-def _give_back(now, holds, sign: int) -> None:
-    """Add (``sign`` 1) or take away again (-1) a holder's now-view holds, for a probe: no log
-    entry, since the arrays are as they were once the probe ends."""
+def _give_back(rows: FreeRows, holds, sign: int) -> None:
+    """Add (``sign`` 1) or take away again (-1) a holder's now-view holds on the lists, for a
+    probe: the view itself is not touched."""
     for n, gpus, gh, ch, mh in holds:
+        row = rows.gpu_free[n]
         for g, h in zip(gpus, gh):
-            now.gpu_free[n, g] += sign * h
-        now.cpu_free[n] += sign * ch
-        now.mem_free[n] += sign * mh
+            row[g] += sign * h
+        rows.cpu_free[n] += sign * ch
+        rows.mem_free[n] += sign * mh
 
 
 def _fits_on_any(ctx: Cycle, c: Candidate, nodes: set[int]) -> bool:
@@ -154,13 +159,8 @@ def _maybe_behind(ctx: Cycle, c: Candidate, lowest: dict[str, int]) -> None:
     if lowest.get(q, prio) >= prio or q in ctx.probed:
         return
     ctx.probed.add(q)
-    mine = ctx.cache.get("preemptible-by-queue")
-    if mine is None:  # the preemptible running workloads by queue, once a cycle
-        mine = ctx.cache["preemptible-by-queue"] = {}
-        for v in ctx.preemptible_running():
-            mine.setdefault(v.queue, []).append(v)
     st = Statement(ctx, ctx.future)
-    for v in mine.get(q, ()):
+    for v in ctx.preemptible_by_queue().get(q, ()):
         if v.priority < prio and v.id not in ctx.evicted:
             st.remove(v, v.placements)
     if ctx.fits(c):
@@ -202,11 +202,11 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     behind = ctx.behind  # queue -> priority of a waiting workload that may preempt in its queue
     deferred_top: dict[str, int] = {}  # queue -> highest priority it set aside for the lending pass
     lowest = ctx.cache.get("lowest-running")
-    if lowest is None:
-        lowest = ctx.cache["lowest-running"] = {}
-        for v in ctx.preemptible_running():
-            if v.priority < lowest.get(v.queue, v.priority + 1):
-                lowest[v.queue] = v.priority
+    if lowest is None:  # queue -> the lowest priority among its preemptible running workloads
+        ev = ctx.evicted
+        lowest = ctx.cache["lowest-running"] = {
+            q: min(prios) for q, vs in ctx.preemptible_by_queue().items()
+            if (prios := [v.priority for v in vs if v.id not in ev])}
     while heap:
         k, q, i = heapq.heappop(heap)
         lst = queues[q]

@@ -40,9 +40,8 @@ def _limit_need(ctx: Cycle, c: Candidate) -> float | None:
 
 def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     left: list[Candidate] = []
-    by_queue: dict[str, list[Workload]] = {}
-    for v in ctx.preemptible_running():
-        by_queue.setdefault(v.queue, []).append(v)
+    ev = ctx.evicted
+    by_queue = {q: live for q, vs in ctx.preemptible_by_queue().items() if (live := [v for v in vs if v.id not in ev])}
     lowest = {q: min(v.priority for v in vs) for q, vs in by_queue.items()}
     tried: set[tuple] = set()
     # reclaim pressure: a queue below its fair share still waits, or reclaimed this cycle
