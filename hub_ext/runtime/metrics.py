@@ -164,4 +164,4 @@ def _plain(gauge: Any, plain: dict, name: str, labels: dict[str, str]) -> None:
         try:
             gauge.remove(*labels.values(), "fair_share_plain")
         except KeyError:
-            pass  # it had none (older prometheus_client raise)
+            pass  # it had none (older prometheus_client versions raise then)

@@ -6,13 +6,13 @@ The page is a Jinja2 template (templates/dashboard.html) with the data embedded 
 by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, works offline.
 
 Shows: queue bars (deserved / fair share / allocated), node pools and each queue's share in each
-(with its weight and past usage under fairness over time, and the share without past usage while
-it counts), GPUs allocated versus used over the last
-day, pending workloads with their wait and reason, running workloads, idle workloads and their
-holders, model endpoints (with their state, replicas, GPUs and URL; a user sees theirs and those
-shared with them), the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
-CSV downloads (``usage.csv?by=...``, the same numbers as ``GET usage``). It refreshes itself every
-``?refresh=`` seconds (10; 0: never) by fetching itself again. The hub's Services menu links it.
+(with its weight and past usage under fairness over time, and the share without past usage while it
+counts), GPUs allocated versus used over the last day, pending workloads with their wait and reason,
+running workloads, idle workloads and their holders, model endpoints (with their state, replicas,
+GPUs and URL; a user sees theirs and those shared with them), the queues' workload policies, and
+GPU-hours by user and by queue for the last 7 days with CSV downloads (``usage.csv?by=...``, the
+same numbers as ``GET usage``). It refreshes itself every ``?refresh=`` seconds (10; 0: never) by
+fetching itself again. The hub's Services menu links it.
 """
 from __future__ import annotations
 
