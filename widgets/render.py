@@ -86,6 +86,7 @@ def queue_rows(queues: Sequence[Mapping], jobs: Sequence[Mapping] = (), user: st
             "my_running": sum(1 for j in mine if j.get("status") in C.HOLDING),
             "my_queued": sum(1 for j in mine if j.get("status") == C.QUEUED),
             "weight": q.get("over_quota_weight"), "usage": q.get("usage"),  # usage: fairness over time
+            "fair_share_plain": _plain(q),  # None unless past usage counts (fairness over time)
             "pools": pool_cells(q),
         })
     return out
@@ -98,8 +99,13 @@ def pool_cells(q: Mapping) -> list[dict]:
     if list(pools) in ([], ["default"]):
         return []
     return [{"name": name, "allocated": gpu_amount(p.get("allocated")), "deserved": gpu_amount(p.get("deserved")),
-             "fair_share": gpu_amount(p.get("fair_share")), "usage": p.get("usage")}
+             "fair_share": gpu_amount(p.get("fair_share")), "fair_share_plain": _plain(p), "usage": p.get("usage")}
             for name, p in pools.items() if p.get("may_use", True)]
+
+
+def _plain(q: Mapping) -> float | None:
+    """Fairness over time: the share without past usage (``fair_share_plain``), None when not given."""
+    return None if q.get("fair_share_plain") is None else gpu_amount(q.get("fair_share_plain"))
 
 
 def queues_html(queues: Sequence[Mapping], jobs: Sequence[Mapping] = (), user: str | None = None,

@@ -372,25 +372,34 @@ def cmd_queues(args) -> int:
         _print_json(qs)
         return 0
     fairness = any(q.get("usage") is not None for q in qs)  # fairness over time: usage next to the weight
+    plain = any(q.get("fair_share_plain") is not None for q in qs)  # and the share without it
     pooled = any(list(q.get("pools") or {}) not in ([], ["default"]) for q in qs)
+
+    def share(d) -> tuple:  # FAIR-SHARE, and WITHOUT-USAGE while past usage counts
+        without = "-" if d.get("fair_share_plain") is None else _gpu(d["fair_share_plain"])
+        return (_gpu(d.get("fair_share")), *((without,) if plain else ()))
+    shares = ("FAIR-SHARE", *(("WITHOUT-USAGE",) if plain else ()))
     rows = [(("  " if q.get("parent") else "") + str(q.get("name")), q.get("parent") or "-", _gpu(q.get("deserved")),
-             _gpu(q.get("fair_share")), _gpu(q.get("allocated")), _gpu(q.get("limit")) if q.get("limit") else "-",
+             *share(q), _gpu(q.get("allocated")), _gpu(q.get("limit")) if q.get("limit") else "-",
              q.get("over_quota_weight", "-"), *((_pct(q.get("usage")),) if fairness else ()), q.get("priority", "-"),
              q.get("running", 0), q.get("pending", 0), "yes" if q.get("may_submit") else "no") for q in qs]
-    print(table(["QUEUE", "PARENT", "DESERVED", "FAIR-SHARE", "ALLOCATED", "LIMIT", "WEIGHT",
+    print(table(["QUEUE", "PARENT", "DESERVED", *shares, "ALLOCATED", "LIMIT", "WEIGHT",
                  *(("USAGE",) if fairness else ()), "PRIORITY", "RUNNING", "PENDING", "YOU-MAY-SUBMIT"], rows)
           if rows else "no queues configured")
     if pooled:  # each queue in each node pool: its quota there, share, allocation (and usage)
-        rows = [(str(q.get("name")), name, _gpu(p.get("deserved")), _gpu(p.get("fair_share")),
+        rows = [(str(q.get("name")), name, _gpu(p.get("deserved")), *share(p),
                  _gpu(p.get("allocated")), _gpu(p.get("limit")) if p.get("limit") else "-",
                  p.get("over_quota_weight", "-"), *((_pct(p.get("usage")),) if fairness else ()),
                  _num(p.get("free")), p.get("queued", 0)) for q in qs for name, p in (q.get("pools") or {}).items()]
         print("\nby node pool:")
-        print(table(["QUEUE", "POOL", "DESERVED", "FAIR-SHARE", "ALLOCATED", "LIMIT", "WEIGHT",
+        print(table(["QUEUE", "POOL", "DESERVED", *shares, "ALLOCATED", "LIMIT", "WEIGHT",
                      *(("USAGE",) if fairness else ()), "POOL-FREE", "POOL-QUEUED"], rows))
     if fairness:
         print("\nUSAGE: past GPU usage over the fairness window, as a share of the capacity; the over-quota share "
               "(FAIR-SHARE beyond DESERVED) goes by WEIGHT adjusted for it (c.GPUPool.fairness)")
+    if plain:
+        print("WITHOUT-USAGE: the fair share it would have without past usage (a queue that used more than its "
+              "weight's share gets less of the GPUs lent beyond deserved quotas, one that used less gets more)")
     return 0
 
 

@@ -126,10 +126,19 @@ def pool_view(nodes: Any, counts: dict, fairness: Any) -> dict:
     return {"pools": out, "fairness": fairness or None}
 
 
+def plain_share(state: Any, queue: str, pool: str | None = None) -> dict | None:
+    """Fairness over time: ``queue``'s fair share without past usage (over every pool, or in
+    ``pool``), from the last cycle; None while past usage counts for nothing
+    (fairness over time off, or no queue has usage yet)."""
+    plain = state.fair_share_plain if pool is None else state.pool_fair_share_plain.get(pool, {})
+    return plain.get(queue, {}) if plain else None
+
+
 def queue_pools(spec: Any, state: Any, pools: list[dict]) -> tuple[dict, float | None]:
-    """A queue's entry per pool for ``GET queues`` (its quota there, fair share, allocation, past
-    usage, whether it may use the pool, the pool's free GPUs and waiting workloads) and its usage
-    over every pool (None: fairness over time is off)."""
+    """A queue's entry per pool for ``GET queues`` (its quota there, fair share and, while past
+    usage counts, the share without usage, allocation, past usage, whether it may use the pool,
+    the pool's free GPUs and waiting workloads) and its usage over every pool (None: fairness over
+    time is off)."""
     out = {}
     weighted = capacity = 0.0
     on = bool(state.usage) or bool(getattr(state, "fairness_on", False))
@@ -144,6 +153,7 @@ def queue_pools(spec: Any, state: Any, pools: list[dict]) -> tuple[dict, float |
             weighted += usage * pool["gpus"]
             capacity += pool["gpus"]
         out[p] = {"deserved": q.deserved, "limit": q.limit, "over_quota_weight": q.over_quota_weight,
-                  "fair_share": fair, "allocated": alloc, "usage": usage, "may_use": q.limit.get("gpu") != 0,
+                  "fair_share": fair, "fair_share_plain": plain_share(state, spec.name, None if single else p),
+                  "allocated": alloc, "usage": usage, "may_use": q.limit.get("gpu") != 0,
                   "free": pool["free"], "queued": pool["queued"]}
     return out, ((weighted / capacity if capacity else 0.0) if on else None)

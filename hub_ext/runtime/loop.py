@@ -74,6 +74,10 @@ class LoopState:
     pool_fair_share: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     pool_allocated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    # fairness over time: each queue's share without past usage (whole pool, per node pool);
+    # empty while past usage counts for nothing (fairness off, or no usage yet)
+    fair_share_plain: dict[str, dict[str, float]] = field(default_factory=dict)
+    pool_fair_share_plain: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     fairness_on: bool = False
     pools: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> running, allocated, queued
     queues: dict[str, QueueView] = field(default_factory=dict)
@@ -311,6 +315,7 @@ class SchedulerLoop:
         st.pending, st.positions = result.pending, result.positions
         st.fair_share, st.allocated = result.fair_share, result.allocated
         st.pool_fair_share, st.pool_allocated, st.usage = result.pool_fair_share, result.pool_allocated, usage
+        st.fair_share_plain, st.pool_fair_share_plain = result.fair_share_plain, result.pool_fair_share_plain
         st.pools = decision.pools
         # the gap before the next cycle follows the service's own work, not a hung worker's wait
         self._last_cycle_seconds = time.perf_counter() - t0 - decision.lost_seconds

@@ -21,8 +21,9 @@ class Metrics:
         self.preemptions = Counter("gpupool_preemptions", "Workloads preempted and requeued", registry=r)
         self.workloads = Gauge("gpupool_workloads", "Workloads by queue: holding GPUs or pending", ["queue", "phase"],
                                registry=r)
-        self.queue_gpus = Gauge("gpupool_queue_gpus", "GPUs of a queue: deserved, fair_share, allocated",
-                                ["queue", "what"], registry=r)
+        self.queue_gpus = Gauge("gpupool_queue_gpus", "GPUs of a queue: deserved, fair_share, allocated; "
+                                "fair_share_plain: its fair share without past usage (fairness over time, only "
+                                "while past usage counts)", ["queue", "what"], registry=r)
         self.idle_actions = Counter("gpupool_idle_actions", "Idle-GPU rule actions: suspended, requeued, flagged",
                                     ["queue", "action"], registry=r)
         # accounting (docs/admin.md): GPU-hours since the service started, idle GPUs, utilisation
@@ -47,7 +48,8 @@ class Metrics:
                                "queued for it", ["pool", "what"], registry=r)
         self.pool_queue_gpus = Gauge("gpupool_pool_queue_gpus", "GPUs of a queue in a node pool: deserved, "
                                      "fair_share, allocated; usage: its past usage (fairness over time, a share of "
-                                     "the pool's capacity)", ["pool", "queue", "what"], registry=r)
+                                     "the pool's capacity); fair_share_plain: its fair share without past usage "
+                                     "(only while past usage counts)", ["pool", "queue", "what"], registry=r)
         self.gpus_allocated = Gauge("gpupool_gpus_allocated", "GPUs allocated (fractions summed)", registry=r)
         self.cycle_seconds = Histogram("gpupool_cycle_seconds", "Duration of a scheduling cycle (all steps)",
                                        registry=r, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
@@ -79,6 +81,7 @@ class Metrics:
             self.queue_gpus.labels(queue=q.name, what="deserved").set(q.deserved.get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="fair_share").set(result.fair_share.get(q.name, {}).get("gpu", 0))
             self.queue_gpus.labels(queue=q.name, what="allocated").set(got)
+            _plain(self.queue_gpus, result.fair_share_plain, q.name, {"queue": q.name})
             if tree.is_leaf(q.name):
                 self.gpu_hours_allocated.labels(queue=q.name)  # a leaf queue's series exists from the start, at 0
         self.gpus_total.set(sum(n.gpus for n in loop.settings.nodes))
@@ -99,6 +102,7 @@ class Metrics:
             self.pool_gpus.labels(pool=p, what="free").set(max(0.0, total - c.get("allocated", 0.0)))
             self.pool_gpus.labels(pool=p, what="queued").set(c.get("queued", 0))
             fair = result.fair_share if single else result.pool_fair_share.get(p, {})
+            plain = result.fair_share_plain if single else result.pool_fair_share_plain.get(p, {})
             alloc = result.allocated if single else result.pool_allocated.get(p, {})
             for q in loop.settings.queues:
                 mine = q.in_pool(p)
@@ -110,6 +114,7 @@ class Metrics:
                 if st.fairness_on:
                     self.pool_queue_gpus.labels(pool=p, queue=q.name, what="usage").set(
                         st.usage.get(p, {}).get(q.name, 0.0))
+                _plain(self.pool_queue_gpus, plain, q.name, {"pool": p, "queue": q.name})
 
     def _tree(self, queues: list) -> QueueTree:
         if self._queue_tree is None or self._queue_tree[0] is not queues:
@@ -147,3 +152,16 @@ class Metrics:
     def render(self) -> bytes:
         self._accrue(self.clock())  # a scrape between cycles sees the GPU-hours up to now, as GET usage does
         return generate_latest(self.registry)
+
+
+def _plain(gauge: Any, plain: dict, name: str, labels: dict[str, str]) -> None:
+    """The ``what="fair_share_plain"`` series of queue ``name`` (``labels``: its labels but ``what``,
+    in the gauge's order): its share without past usage while past usage counts (``plain`` not
+    empty); no series otherwise (removed when it had one)."""
+    if plain:
+        gauge.labels(**labels, what="fair_share_plain").set(plain.get(name, {}).get("gpu", 0))
+    else:
+        try:
+            gauge.remove(*labels.values(), "fair_share_plain")
+        except KeyError:
+            pass  # it had none (older prometheus_client versions raise then)

@@ -6,12 +6,13 @@ The page is a Jinja2 template (templates/dashboard.html) with the data embedded 
 by Chart.js, which is vendored in ``static/`` (MIT license beside it): no CDN, works offline.
 
 Shows: queue bars (deserved / fair share / allocated), node pools and each queue's share in each
-(with its weight and past usage under fairness over time), GPUs allocated versus used over the last
-day, pending workloads with their wait and reason, running workloads, idle workloads and their
-holders, model endpoints (with their state, replicas, GPUs and URL; a user sees theirs and those
-shared with them), the queues' workload policies, and GPU-hours by user and by queue for the last 7 days with
-CSV downloads (``usage.csv?by=...``, the same numbers as ``GET usage``). It refreshes itself every
-``?refresh=`` seconds (10; 0: never) by fetching itself again. The hub's Services menu links it.
+(with its weight and past usage under fairness over time, and the share without past usage while it
+counts), GPUs allocated versus used over the last day, pending workloads with their wait and reason,
+running workloads, idle workloads and their holders, model endpoints (with their state, replicas,
+GPUs and URL; a user sees theirs and those shared with them), the queues' workload policies, and
+GPU-hours by user and by queue for the last 7 days with CSV downloads (``usage.csv?by=...``, the
+same numbers as ``GET usage``). It refreshes itself every ``?refresh=`` seconds (10; 0: never) by
+fetching itself again. The hub's Services menu links it.
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float, groups: Iterabl
     names = [p["name"] for p in pools["pools"]]
     for view, spec in zip(queues, svc.settings.queues):
         view.update(weight=spec.over_quota_weight, **queue_entry(svc, spec, pools))
+        if view["fair_share_plain"] is not None:  # past usage counts: the share without it
+            view["fair_share_plain"] = round(view["fair_share_plain"].get("gpu", 0), 3)
         if names != [DEFAULT_POOL]:  # with node pools, a queue deserves its quotas' sum over them
             view["deserved"] = sum(spec.in_pool(p).deserved.get("gpu", 0) for p in names)
     mine = None if admin else name
@@ -122,7 +125,8 @@ def dashboard_data(svc: Any, name: str, admin: bool, now: float, groups: Iterabl
             "timeline": timeline, "pending": pending, "running": running, "idle": idle, "week": week,
             "since_week": iso(now - 7 * DAY), "policies": policy_rows(svc), "idle_note": idle_note(svc),
             "readings_note": readings_note(svc),
-            "pools": pools["pools"], "fairness": st.fairness_on, "endpoints": endpoints}
+            "pools": pools["pools"], "fairness": st.fairness_on, "plain": bool(st.fair_share_plain),
+            "endpoints": endpoints}
 
 
 def endpoint_rows(s: Any, name: str, admin: bool, groups: Iterable[str]) -> list[dict]:

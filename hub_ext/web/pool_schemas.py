@@ -37,6 +37,11 @@ class PoolsOut(BaseModel):
                                                          "(empty or null: any pool)")
 
 
+def _plain(where: str) -> str:
+    return (f"fairness over time: its fair share {where} without past usage, beside fair_share (the share "
+            "adjusted for past usage); null: fairness over time is off, or no queue has past usage yet")
+
+
 class QueuePool(Answer):
     """A queue in one node pool: its quota there, its fair share and allocation, its past usage."""
 
@@ -44,6 +49,7 @@ class QueuePool(Answer):
     limit: dict[str, float]
     over_quota_weight: float
     fair_share: dict[str, float]
+    fair_share_plain: Optional[dict[str, float]] = Field(None, description=_plain("in the pool"))
     allocated: dict[str, float]
     usage: Optional[float] = Field(None, description="fairness over time: its GPU usage over the window as a "
                                                      "share of the pool's capacity (null: fairness is off)")
@@ -56,6 +62,7 @@ class QueuePools(BaseModel):
     pools: dict[str, QueuePool] = Field({}, description="per node pool (every pool a node is in)")
     usage: Optional[float] = Field(None, description="fairness over time: its GPU usage over the window as a "
                                                      "share of the capacity, over every pool (null: off)")
+    fair_share_plain: Optional[dict[str, float]] = Field(None, description=_plain("over every pool"))
 
 
 class Pool(Answer):

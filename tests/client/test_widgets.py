@@ -51,6 +51,25 @@ def test_queue_rows_and_bars_are_a_function_of_the_data():
     assert render.queues_html(QUEUES, JOBS, "alice") == html  # pure
 
 
+def test_the_share_without_past_usage_is_shown_only_when_given():
+    """Fairness over time: beside the fair share (and per pool), the share without past usage;
+    nothing of it when the service gives none (``fair_share_plain`` null)."""
+    assert "without past usage" not in render.queues_html(QUEUES)
+    moved = [dict(QUEUES[0], usage=0.41, over_quota_weight=2, fair_share={"gpu": 3}, fair_share_plain={"gpu": 5},
+                  pools={"h100": {"allocated": {"gpu": 1}, "deserved": {"gpu": 1}, "fair_share": {"gpu": 1.5},
+                                  "fair_share_plain": {"gpu": 2.5}, "usage": 0.2},
+                         "a100": {"allocated": {"gpu": 2}, "deserved": {"gpu": 1}, "fair_share": {"gpu": 1.5},
+                                  "fair_share_plain": None, "usage": 0.6}})]
+    (row,) = render.queue_rows(moved)
+    assert row["fair_share_plain"] == 5.0 and [p["fair_share_plain"] for p in row["pools"]] == [2.5, None]
+    html = render.queues_html(moved)
+    text = re.sub(r"<[^>]+>", "", html)
+    assert "fair share 3.00 (5.00 without past usage) · limit 4 · weight 2, past usage 41%" in text
+    assert 'data-plain="5.000"' in html
+    assert "h100: 1 / 1, share 1.50 (2.50 without past usage), usage 20%" in text
+    assert "a100: 2 / 1, share 1.50, usage 60%" in text
+
+
 def test_gpu_bars_show_fractions_by_user_and_live_readings():
     html = render.gpus_html(NODES, user="alice")
     assert _width(html, "gpupool-alloc", "data-workload", "j-000001") == 50.0

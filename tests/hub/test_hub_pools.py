@@ -19,6 +19,8 @@ from gpupool.hub_ext.domain.access import QueueAccess
 from gpupool.hub_ext.domain.errors import APIError
 from gpupool.hub_ext.domain.identity import Identity
 from gpupool.hub_ext.domain.submission import Submissions
+from gpupool.hub_ext.web.dashboard import _env
+from gpupool.scheduler.model import CycleResult
 from gpupool.hub_ext.web import schemas as S
 
 NODES = [{"name": "small", "count": 2, "gpus": 2, "gpu_model": "T4", "gpu_memory": "16Gi", "pool": "build"},
@@ -409,6 +411,11 @@ async def test_pools_queues_dashboard_cli_widgets_form_and_metrics_show_pools_an
     assert by["a"]["usage"] == pytest.approx(0.5, abs=0.01) and by["b"]["usage"] == 0.0
     assert by["b"]["pools"]["train"]["fair_share"]["gpu"] > by["a"]["pools"]["train"]["fair_share"]["gpu"]
     assert by["a"]["pools"]["train"]["may_use"] and by["a"]["pools"]["train"]["usage"] == pytest.approx(0.5, abs=0.01)
+    # beside each share, the share without past usage: a and b want the 4 GPUs, 2 each by weight
+    for q, plain in (("a", 2.0), ("b", 2.0), ("lab", 4.0)):
+        assert by[q]["fair_share_plain"] == {"gpu": plain} and by[q]["pools"]["train"]["fair_share_plain"] == {
+            "gpu": plain}, q
+    assert by["a"]["fair_share"]["gpu"] < 2.0 < by["b"]["fair_share"]["gpu"]
     S.QueueList.model_validate({"queues": [{**q, "priority": 0, "running": 0, "pending": 0, "users": [], "groups": []}
                                            for q in queues]})
     S.PoolList.model_validate(pools)
@@ -416,17 +423,27 @@ async def test_pools_queues_dashboard_cli_widgets_form_and_metrics_show_pools_an
     data = dashboard_data(svc, "admin", True, loop.state.last_cycle_at)
     assert data["fairness"] and [p["name"] for p in data["pools"]] == ["train"]
     assert {q["name"]: q["weight"] for q in data["queues"]}["b"] == 1.0
+    assert data["plain"] and {q["name"]: q["fair_share_plain"] for q in data["queues"]} == {"lab": 4.0, "a": 2.0,
+                                                                                            "b": 2.0}
+    page = _env.get_template("dashboard.html").render(data=data, data_json="{}", prefix="/", static="/static/")
+    assert ">without past usage</th>" in page
+    assert '<td class="num plain-share" data-queue="a" data-pool="train">2.00</td>' in page
     # gpupool queues
     monkeypatch.setattr(cli, "_client", lambda args: types.SimpleNamespace(queues=lambda: queues))
     assert cli.cmd_queues(types.SimpleNamespace(json=False)) == 0
     out = capsys.readouterr().out
     header = out.splitlines()[0].split()
-    assert header[header.index("WEIGHT") + 1] == "USAGE"
-    assert "by node pool:" in out and any(line.split()[:2] == ["a", "train"] and "50%" in line
-                                         for line in out.splitlines())
+    assert header[header.index("WEIGHT") + 1] == "USAGE" and header[header.index("FAIR-SHARE") + 1] == "WITHOUT-USAGE"
+    lines = [line.split() for line in out.splitlines()]
+    assert "by node pool:" in out and any(line[:2] == ["a", "train"] and "50%" in line for line in lines)
+    a_row = next(dict(zip(header, line)) for line in lines if line[:2] == ["a", "lab"])
+    assert a_row["WITHOUT-USAGE"] == "2" and float(a_row["FAIR-SHARE"]) < 2
+    pool_header = lines[lines.index(["by", "node", "pool:"]) + 1]
+    assert pool_header[pool_header.index("FAIR-SHARE") + 1] == "WITHOUT-USAGE"
     # the queue widget and the spawn form
     html = queues_html(queues)
     assert 'data-usage="0.500"' in html and 'data-pool="train"' in html
+    assert 'data-plain="2.000"' in html and "(2.00 without past usage)" in html
     from gpupool.widgets.render import job_html
     assert "train, build" in job_html({"id": "j-000001", "status": "queued", "pools": ["train", "build"]})
     form = render_form(queues=[by["b"]])
@@ -435,6 +452,46 @@ async def test_pools_queues_dashboard_cli_widgets_form_and_metrics_show_pools_an
     text = loop.metrics.render().decode()
     assert 'gpupool_pool_gpus{pool="train",what="total"} 4.0' in text
     assert 'gpupool_pool_queue_gpus{pool="train",queue="a",what="usage"} 0.5' in text
+    assert 'gpupool_pool_queue_gpus{pool="train",queue="a",what="fair_share_plain"} 2.0' in text
+    assert 'gpupool_queue_gpus{queue="lab",what="fair_share_plain"} 4.0' in text
+
+
+async def test_without_past_usage_nothing_new_is_shown(tmp_path, monkeypatch, capsys):
+    """Fairness over time off: no share without past usage anywhere (null in the API, no column in
+    `gpupool queues` or the dashboard, no words in the widget, no metric series); on, its series go
+    once no queue has past usage (the window passed)."""
+    from gpupool.client import cli
+    from gpupool.hub_ext.web.dashboard import dashboard_data
+    from gpupool.hub_ext.web.pools import pools_of, queue_entry
+    from gpupool.widgets.render import queues_html
+
+    _, _, loop = await play_turns(tmp_path / "off", monkeypatch, {})
+    svc = types.SimpleNamespace(loop=loop, settings=loop.settings, sessions=loop.sessions, idle=None,
+                                access=QueueAccess(loop.settings), nvml=None)
+    pools = pools_of(svc)
+    queues = [{"name": spec.name, "fair_share": loop.state.fair_share[spec.name], **queue_entry(svc, spec, pools)}
+              for spec in loop.settings.queues]
+    assert all(q["fair_share_plain"] is None and q["pools"]["train"]["fair_share_plain"] is None for q in queues)
+    data = dashboard_data(svc, "admin", True, loop.state.last_cycle_at)
+    assert not data["plain"] and all(q["fair_share_plain"] is None for q in data["queues"])
+    page = _env.get_template("dashboard.html").render(data=data, data_json="{}", prefix="/", static="/static/")
+    assert ">without past usage</th>" not in page and "plain-share" not in page  # (the chart's JS names it)
+    monkeypatch.setattr(cli, "_client", lambda args: types.SimpleNamespace(queues=lambda: queues))
+    assert cli.cmd_queues(types.SimpleNamespace(json=False)) == 0
+    assert "WITHOUT-USAGE" not in capsys.readouterr().out
+    assert "without past usage" not in queues_html(queues)
+    assert 'what="fair_share_plain"' not in loop.metrics.render().decode()
+    # on: the series are there while past usage counts, and go once a cycle has none
+    _, _, loop = await play_turns(tmp_path / "on", monkeypatch, {"window": "2h", "k": 1})
+    text = loop.metrics.render().decode()
+    assert 'gpupool_queue_gpus{queue="a",what="fair_share_plain"} 2.0' in text
+    assert 'gpupool_pool_queue_gpus{pool="train",queue="a",what="fair_share_plain"} 2.0' in text
+    st = loop.state
+    none = CycleResult(fair_share=st.fair_share, allocated=st.allocated, pool_fair_share=st.pool_fair_share,
+                       pool_allocated=st.pool_allocated)  # as a cycle with no usage gives it
+    loop.metrics.observe_cycle(loop, st.last_cycle_at, {}, none, 0.0, 0.0)
+    text = loop.metrics.render().decode()
+    assert 'what="fair_share_plain"' not in text and 'gpupool_queue_gpus{queue="a",what="fair_share"}' in text
 
 
 def test_the_admin_guide_pool_and_fairness_examples_pass_the_check():

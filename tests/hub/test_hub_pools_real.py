@@ -1,7 +1,9 @@
 """Node pools through a real hub: two pools (a build environment of small GPUs, a train
 environment of big ones) with quotas per pool, a workspace through the real spawner and command
 jobs through the API and the CLI, each placed in its pools; a per-pool limit holds a job back; GET
-pools / queues show the pools; and ``gpupool report --by pool`` shows the split of GPU-hours."""
+pools / queues show the pools; and ``gpupool report --by pool`` shows the split of GPU-hours.
+Fairness over time in a real hub: a queue's past usage lowers its share, and the API, `gpupool
+queues` and the dashboard (Chromium) show the share without past usage beside it."""
 from __future__ import annotations
 
 import json
@@ -70,7 +72,10 @@ def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_po
         assert pools["train"]["queued"] >= 1 and pools["train"]["gpu_models"] == ["H100"]
         vision = next(q for q in hub.api("GET", "queues", alice).json()["queues"] if q["name"] == "vision")
         assert vision["pools"]["train"]["limit"] == {"gpu": 3.0} and vision["pools"]["train"]["allocated"]["gpu"] == 3
-        assert vision["usage"] is None  # fairness over time is off
+        assert vision["usage"] is None and vision["fair_share_plain"] is None  # fairness over time is off
+        assert vision["pools"]["train"]["fair_share_plain"] is None
+        res = run("queues", env=env)  # nothing of fairness over time: no USAGE, no WITHOUT-USAGE column
+        assert res.returncode == 0 and "FAIR-SHARE" in res.stdout and "USAGE" not in res.stdout, res.stdout
         # everything ends: the waiting job runs once the others finish
         done = [hub.wait_job(alice, j["id"], {"succeeded"}, timeout=90) for j in (j1, j2, j3, j4)]
         assert done[3]["workers"][0]["node"] == "big"  # where it ran: its pool, train
@@ -95,3 +100,61 @@ def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_po
         assert got["build"] > expect["build"]  # the build pool also held alice's workspace
         assert doc["total"]["allocated_gpu_hours"] == pytest.approx(got["build"] + got["train"], abs=1e-5)
         assert f"{got['train']:.2f}" == lines["train"][0] and f"{got['build']:.2f}" == lines["build"][0]
+
+
+FAIR_NODES = [{"name": "t", "gpus": 4}]
+FAIR_QUEUES = [{"name": "a", "users": ["alice"], "deserved": {"gpu": 0}},
+               {"name": "b", "users": ["bob"], "deserved": {"gpu": 0}}]
+
+
+def test_fairness_over_time_shows_the_share_without_past_usage_in_the_api_cli_and_dashboard(tmp_path):
+    """Queue a holds the 4 GPUs for a few seconds; then a and b each want all 4. a's past usage
+    lowers its share below b's: GET queues, `gpupool queues` and the dashboard show each queue's
+    share and, beside it, the share without past usage (2 GPUs each: equal weights)."""
+    from browser_harness import chromium, open_dashboard
+    from shared_hub import PASSWORD
+
+    gp = {"nodes": FAIR_NODES, "queues": FAIR_QUEUES, "fairness": {"window": "1m", "k": 4}}
+    with Hub(tmp_path, gpupool=gp, users=["alice", "bob"], admins=["admin"],
+             extra_config=f"c.DummyAuthenticator.password = {PASSWORD!r}\n") as hub:
+        alice, bob = hub.token("alice"), hub.token("bob")
+        first = hub.api("POST", "jobs", alice, json={"command": ["python", "-c", "import time; time.sleep(4)"],
+                                                     "gpus": 4, "queue": "a"}).json()
+        hub.wait_job(alice, first["id"], {"succeeded"})
+        long = ["python", "-c", "import time; time.sleep(120)"]
+        jobs = [(t, hub.api("POST", "jobs", t, json={"command": long, "gpus": 2, "queue": q}).json())
+                for t, q in ((alice, "a"), (bob, "b"), (alice, "a"), (bob, "b"))]
+
+        def both_want():
+            qs = {q["name"]: q for q in hub.api("GET", "queues", alice).json()["queues"]}
+            wanting = all(qs[q]["running"] + qs[q]["pending"] == 2 for q in "ab")  # the cycle saw all four
+            return qs if wanting and qs["a"]["fair_share_plain"] is not None else None
+        qs = hub.wait_for(both_want, 20, 0.3, message="no share without past usage once both queues want GPUs")
+        a, b = qs["a"], qs["b"]
+        assert a["usage"] > 0 and a["usage"] > b["usage"], (a, b)
+        # equal weights, both wanting the 4 GPUs: 2 each without past usage; a used more, so it gets less
+        assert a["fair_share_plain"] == b["fair_share_plain"] == {"gpu": 2.0}, (a, b)
+        assert a["fair_share"]["gpu"] < 2.0 < b["fair_share"]["gpu"], (a, b)
+        assert a["fair_share"]["gpu"] + b["fair_share"]["gpu"] == pytest.approx(4.0)
+        assert a["pools"]["default"]["fair_share_plain"] == {"gpu": 2.0}
+        # gpupool queues (the real CLI): WITHOUT-USAGE right after FAIR-SHARE, and what it means
+        res = run("queues", env={"GPUPOOL_URL": hub.hub_url, "GPUPOOL_TOKEN": alice})
+        assert res.returncode == 0, res.stderr
+        rows = [ln.split() for ln in res.stdout.splitlines()]
+        header = rows[0]
+        assert header[header.index("FAIR-SHARE") + 1] == "WITHOUT-USAGE" and "USAGE" in header, res.stdout
+        cells = {r[0]: dict(zip(header, r)) for r in rows[1:3]}
+        assert cells["a"]["WITHOUT-USAGE"] == cells["b"]["WITHOUT-USAGE"] == "2", res.stdout
+        assert float(cells["a"]["FAIR-SHARE"]) < 2 < float(cells["b"]["FAIR-SHARE"]), res.stdout
+        assert "WITHOUT-USAGE: the fair share it would have without past usage" in res.stdout
+        # the dashboard: the column and the chart's dataset
+        with chromium() as browser:
+            page = open_dashboard(browser, hub, "admin")
+            assert page.locator("#queue-pools th", has_text="without past usage").count() == 1
+            cell = page.locator('#queue-pools td.plain-share[data-queue="a"]').inner_text()
+            assert cell == "2.00", page.content()[:3000]
+            labels = page.evaluate("() => Chart.getChart(document.getElementById('queues-chart'))"
+                                   ".data.datasets.map(d => d.label)")
+            assert "fair share without past usage" in labels, labels
+        for t, j in jobs:
+            hub.api("DELETE", f"jobs/{j['id']}", t)
