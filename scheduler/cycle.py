@@ -28,6 +28,11 @@ from .victims import lost_gpu_seconds
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 _PRIORITY = operator.attrgetter("priority")
+# Shortcuts that must not change a decision (False turns them all off: the equivalence tests
+# compare whole simulations both ways): allocate does not probe again a holder's shape known to fit
+# nowhere, and groups workloads whose request already failed; reclaim does not search a node whose
+# victims the budget can only refuse (``plan._Refusals``).
+SHORTCUTS = True
 _ID = operator.attrgetter("id")
 _REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 SINCE = operator.attrgetter("since", "workload")  # the order reservations are taken in and handed on

@@ -19,12 +19,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from . import cycle
 from .cycle import Candidate, Cycle, Statement, fits_on
 from .fairshare import EPS
 from .model import PodPlacement, Workload
 from .victims import victim_key
 
 MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
+_UNSET: dict = {}  # a budget's ``why`` before a search that may leave a refusal
 
 
 class Budget:
@@ -448,7 +450,12 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     else:
         nodes = _nodes_from_list(ctx, c, victims, need, free)
     best: tuple[tuple, list[Workload], int] | None = None
-    judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget else None
+    judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget and cycle.SHORTCUTS else None
+    owed = None  # the last node skipped as never closer to fair, unless a later one left the refusal
+
+    def search(n: int, vs: list[tuple[Workload, int]]):
+        return _search(ctx, c, [v for v, _ in vs], budget, lambda: fits_on(fut, n, c.req), 0.0, need_freed)
+
     for bound, n, vs, *tighter in nodes:
         if best is not None:
             if bound >= best[0][:3]:
@@ -461,14 +468,28 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
             refused = judge.hopeless(vs)
             if refused is not None:  # the search could only fail, leaving the budget so
                 budget.refused, budget.why = refused
+                owed = None
                 continue
-        found = _search(ctx, c, [v for v, _ in vs], budget, lambda n=n: fits_on(fut, n, c.req), 0.0, need_freed)
+            if judge.never_closer(vs):  # it could only fail too, by ``accepts``
+                owed = (n, vs)
+                continue
+        if judge is not None:
+            left = (budget.refused, budget.why)
+            budget.why = _UNSET
+        found = search(n, vs)
+        if judge is not None:
+            if budget.why is _UNSET:  # this search refused nothing: what an earlier node left stands
+                budget.refused, budget.why = left
+            else:
+                owed = None
         if found is None and judge is not None and len(vs) == 1:
             judge.failed_alone(vs[0][0])
         if found is not None:
             cost = found[0] + (n,)
             if best is None or cost < best[0]:
                 best = (cost, found[1], n)
+    if owed is not None:  # the refusal the last skipped node's search leaves, as if searched
+        search(*owed)
     if best is None:
         return None
     only = np.zeros(len(fut.nodes), dtype=bool)
@@ -524,12 +545,49 @@ class _Refusals:
         last = max((v for v, _ in vs), key=lambda v: (-ctx.amounts[v.id][0], ctx.victim_cost(v), v.id))
         return self._may_go_first(last)
 
+    def never_closer(self, vs: list[tuple[Workload, int]]) -> bool:
+        """Can no plan of these victims bring the shares closer to fair? True when each of them
+        could only go by the fair-share rule (no side of theirs is one the guarantee rule takes
+        from), so that ``ReclaimBudget.accepts`` judges any plan of them, and when, at every level
+        where their sides meet the reclaimer's, a lower bound of the change it computes is not
+        negative for any choice of them (``_least_change``). A search of them could only fail."""
+        ctx, b = self.ctx, self.budget
+        levels: dict[str, tuple[set, list[float], float]] = {}  # level -> (sides, amounts, most over)
+        for v, _ in vs:
+            side, over, held, guar, _, guaranteed, aq = b._side(v.queue)
+            if guaranteed and held > guar + EPS:
+                return False  # the guarantee rule may take it: no squared distances judged
+            sides, amounts, most = levels.get(aq) or (set(), [], 0.0)
+            sides.add(side)
+            amounts.append(ctx.amounts[v.id][0])
+            levels[aq] = (sides, amounts, max(most, over))
+        for aq, (sides, amounts, most) in levels.items():
+            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - b.amount)
+            if _least_change(ctx.over(aq), b.amount, wants, len(sides), most, min(amounts), sum(amounts)) < -EPS:
+                return False
+        return True
+
     def failed_alone(self, v: Workload) -> None:
         """A search of ``v`` alone found no plan: note it if the budget refuses the plan."""
         if self._may_go_first(v) is None:
             refused = self._judge(lambda: self.budget.allows(v) and self.budget.accepts([v]))
             if refused is not None:
                 self.alone[self._key(v)] = refused
+
+
+def _least_change(before: float, amount: float, wants: float, k: int, most: float, lo: float, hi: float) -> float:
+    """A lower bound of the change in squared distances ``ReclaimBudget.accepts`` computes at one
+    level, over every plan taking T GPUs in all (``lo`` <= T <= ``hi``) from ``k`` victim sides
+    none more than ``most`` above its share: the reclaimer's side goes from ``before`` to
+    ``before + amount + min(max(0, T - amount), wants)``; the sides' part, the sum of
+    (o - t)^2 - o^2 = t^2 - 2 o t, is at least T^2 / k - 2 most T (Cauchy-Schwarz). The bound is
+    convex on each of three pieces of T, so its least value is at a piece's end or its vertex."""
+    def bound(t: float) -> float:
+        after = before + amount + min(max(0.0, t - amount), wants)
+        return after * after - before * before + t * t / k - 2.0 * most * t
+
+    points = [lo, hi, amount, amount + wants, k * most, (most - before) / (1.0 + 1.0 / k)]
+    return min(bound(t) for t in points if lo <= t <= hi)
 
 
 def make_room(ctx: Cycle, c: Candidate, chosen: list[Workload], mask: np.ndarray | None,

@@ -14,17 +14,13 @@ import dataclasses
 import heapq
 import operator
 
+from .. import cycle
 from ..cluster import FreeRows, fits_placements
 from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order, raw_key
 from ..fairshare import EPS
 from ..model import Phase, Workload
 from ..reasons import Code
 
-
-# Shortcuts that must not change a decision: a holder's shape known to fit nowhere is not probed
-# again, and workloads whose request already failed join a group. False turns both off (the
-# equivalence test compares whole simulations both ways).
-SHORTCUTS = True
 
 _ID = operator.attrgetter("id")
 _SUBMITTED = operator.attrgetter("submit_time", "id")
@@ -77,7 +73,7 @@ def _bind_holders(ctx: Cycle) -> None:
         if w.phase != Phase.PENDING:
             continue  # moved by consolidation and still releasing: its new place stays held
         c = ctx.candidate(w)
-        if w.pods == 1 and SHORTCUTS and not _could_bind(ctx, c, r, nowhere, rows):
+        if w.pods == 1 and cycle.SHORTCUTS and not _could_bind(ctx, c, r, nowhere, rows):
             ctx.wait(w, r.code, r.detail)  # what giving its holds back and taking them again would end in
             continue
         ctx.unhold(wid)
@@ -90,7 +86,7 @@ def _bind_holders(ctx: Cycle) -> None:
             elif w.pods > 1 or c.shape not in nowhere:
                 if ctx.fits(c, now):
                     placed = ctx.place(c, st)
-                elif w.pods == 1 and SHORTCUTS:
+                elif w.pods == 1 and cycle.SHORTCUTS:
                     nowhere.add(c.shape)
             elif _fits_on_any(ctx, c, {now.index[p.node] for p in r.placements}):
                 placed = ctx.place(c, st)
@@ -241,10 +237,10 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                 rk = raw_key(w)
                 template = dead_raw.get(rk)
                 if template is not None:
-                    g = groups.get((rk, q)) if SHORTCUTS else None
+                    g = groups.get((rk, q)) if cycle.SHORTCUTS else None
                     if g is None:
                         g = template.like(w, seq)
-                        if SHORTCUTS:
+                        if cycle.SHORTCUTS:
                             g.more, g.more_seq = [], []
                             groups[(rk, q)] = g
                         failed.append(g)

@@ -1,11 +1,13 @@
-"""The scheduler's shortcuts change no decision (issue 13).
+"""The scheduler's shortcuts change no decision.
 
 allocate groups workloads whose request already failed for capacity (one failed candidate per
 queue and request, expanded only where an action tries them one by one) and skips probing the
-whole cluster for a holder whose shape already fitted nowhere. Both are pure optimisations: whole
-simulations of random contended scenarios (the guarantee properties' generator: gangs,
-fractions, priorities, limits, reclaims, reservations) must give byte-identical reports with the
-shortcuts on and off.
+whole cluster for a holder whose shape already fitted nowhere; reclaim does not search a node
+whose victims its budget can only refuse (``plan._Refusals``: refused first, a plan of one victim
+refused before, or no plan of them bringing the shares closer to fair), leaving the refusal the
+search would have left. All are pure optimisations: whole simulations of random contended
+scenarios (the guarantee properties' generator: gangs, fractions, priorities, limits, reclaims,
+reservations) must give byte-identical reports, reasons included, with the shortcuts on and off.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpupool.scheduler import cycle, plan
 from gpupool.scheduler.actions import allocate
 from gpupool.sim import parse_scenario, simulate
 # ``_settings``: the name the decorators below were written with, part of each property's seed
@@ -64,11 +67,11 @@ def bursts(draw):
 
 def _same_both_ways(data: dict, seed: int) -> None:
     fast = _report(data, seed)
-    allocate.SHORTCUTS = False
+    cycle.SHORTCUTS = False
     try:
         slow = _report(data, seed)
     finally:
-        allocate.SHORTCUTS = True
+        cycle.SHORTCUTS = True
     assert fast == slow
 
 
@@ -107,9 +110,36 @@ def test_the_switch_really_turns_the_shortcuts_off(monkeypatch):
     from gpupool.scheduler import core
     monkeypatch.setitem(core.ACTIONS, "allocate", spy)
     for on in (True, False):
-        monkeypatch.setattr(allocate, "SHORTCUTS", on)
+        monkeypatch.setattr(cycle, "SHORTCUTS", on)
         grouped.clear()
         result = Scheduler().schedule(snap)
         assert grouped == [2 if on else 0]  # p0 fails first; p1 leads the group of p2 and p3
         assert sorted(result.pending) == ["p0", "p1", "p2", "p3"]
         assert [result.pending[f"p{i}"].position for i in range(4)] == [1, 2, 3, 4]
+
+
+def test_the_switch_really_turns_the_reclaim_judgements_off(monkeypatch):
+    """The same for reclaim: a queue below its share reclaims from a borrower; with the shortcuts
+    on its budget's refusals are judged (``plan._Refusals``), with them off every node is searched."""
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, Snapshot, Workload
+
+    nodes = [NodeSpec(f"n{i}", gpus=2, gpu_memory=80 * 2**30) for i in range(2)]
+    queues = [QueueSpec("borrower", deserved={"gpu": 0}), QueueSpec("q", deserved={"gpu": 4})]
+    running = [Workload(f"b{i}", "borrower", gpus=1, phase=Phase.RUNNING, started_at=0.0,
+                        placements=(PodPlacement(0, f"n{i // 2}", (i % 2,)),)) for i in range(4)]
+    snap = Snapshot(now=100.0, nodes=nodes, queues=queues, workloads=[*running, Workload("p", "q", gpus=1)])
+    judged = []
+    real = plan._Refusals
+
+    class Spy(real):
+        def __init__(self, *a):
+            judged.append(1)
+            super().__init__(*a)
+    monkeypatch.setattr(plan, "_Refusals", Spy)
+    for on in (True, False):
+        monkeypatch.setattr(cycle, "SHORTCUTS", on)
+        judged.clear()
+        result = Scheduler().schedule(snap)
+        assert len(result.evictions) == 1
+        assert bool(judged) is on
