@@ -161,14 +161,11 @@ def fits_placements(view: "ClusterState | FreeRows", placements: Sequence[PodPla
 
 
 class FreeRows:
-    """The free capacity of a ``ClusterState`` as Python lists, for long runs of one-pod reads and
-    writes (the reservations a cycle takes in, the holders it probes): a list item costs a
-    fraction of what a numpy scalar does. The same fields as the state (``gpu_free[n][g]``,
-    ``cpu_free[n]``, ``mem_free[n]``, ``index``, ``num_gpus``, ``schedulable``).
-
-    ``take``/``give`` write the lists only; ``flush()`` writes the rows they touched back into the
-    state, with the state's log. ``sync()`` reads in the rows the state's log says changed since
-    (a reader while the state is written elsewhere)."""
+    """The free capacity of a ``ClusterState`` as Python lists, for long runs of one-pod reads
+    (the holders a cycle probes): a list item costs a fraction of what a numpy scalar does. The
+    same fields as the state (``gpu_free[n][g]``, ``cpu_free[n]``, ``mem_free[n]``, ``index``,
+    ``num_gpus``, ``schedulable``). ``sync()`` reads in the rows the state's log says changed
+    since; a reader may change the lists for a probe if it puts them back."""
 
     def __init__(self, state: ClusterState):
         self.state = state
@@ -179,7 +176,6 @@ class FreeRows:
         self.cpu_free = state.cpu_free.tolist()
         self.mem_free = state.mem_free.tolist()
         self._seen = len(state.log)
-        self._written: list[int] = []
 
     def sync(self) -> None:
         log, st = self.state.log, self.state
@@ -190,19 +186,6 @@ class FreeRows:
                 self.mem_free[n] = int(st.mem_free[n])
             self._seen = len(log)
 
-    def take(self, node: int, gpus: Sequence[int], milli: int, cpu_milli: int, memory: int) -> None:
-        self._written.append(node)
-        row = self.gpu_free[node]
-        for g in gpus:
-            row[g] -= milli
-        self.cpu_free[node] -= cpu_milli
-        self.mem_free[node] -= memory
-
-    def take_placement(self, p: PodPlacement, w: Workload) -> None:
-        i = self.index.get(p.node)
-        if i is not None:
-            self.take(i, p.gpus, p.milli, int(round(w.cpu * MILLI)), w.memory)
-
     def fits_on(self, n: int, req: PodRequest, milli: int) -> bool:
         """Does one pod of ``req`` (``milli`` per GPU on this node) fit on node ``n``?"""
         if self.cpu_free[n] < req.cpu_milli or self.mem_free[n] < req.memory:
@@ -210,16 +193,3 @@ class FreeRows:
         if req.num_gpus == 0:
             return True
         return milli <= MILLI and sum(f >= milli for f in self.gpu_free[n]) >= req.num_gpus
-
-    def flush(self) -> None:
-        """Write the rows ``take`` changed back into the state (logged there as changed)."""
-        if not self._written:
-            return
-        st = self.state
-        rows = sorted(set(self._written))
-        st.gpu_free[rows] = [self.gpu_free[n] for n in rows]
-        st.cpu_free[rows] = [self.cpu_free[n] for n in rows]
-        st.mem_free[rows] = [self.mem_free[n] for n in rows]
-        st.log.extend(self._written)
-        self._written = []
-        self._seen = len(st.log)

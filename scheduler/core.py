@@ -1,7 +1,8 @@
 """The scheduling cycle: a snapshot in, decisions out.
 
 Modelled on KAI-Scheduler: each cycle builds a working context from the snapshot (``cycle.Cycle``:
-capacity views, queue accounting, the reservations carried from the last cycle) and runs named
+capacity views, queue accounting, the reservations carried from the last cycle, taken in
+by ``intake``) and runs named
 actions in order, one module each under ``actions/`` (allocate, consolidate, reclaim, preempt).
 An action makes tentative moves through a ``Statement``, records a waiting reason on the
 candidates it leaves waiting (``code``, ``detail``), and calls ``ctx.wait`` for those it takes

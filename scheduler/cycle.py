@@ -18,8 +18,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .cluster import ClusterState, FreeRows, PodRequest, fits_placements
+from .cluster import ClusterState, PodRequest, fits_placements
 from .fairshare import EPS, QueueTree, fair_shares, guarantees
+from .intake import take_in
 from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacement, Reservation, SchedulerConfig,
                     Snapshot, Workload)
 from .placement import FirstFit, make_policy
@@ -29,9 +30,10 @@ from .victims import lost_gpu_seconds
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 _PRIORITY = operator.attrgetter("priority")
 # Shortcuts that must not change a decision (False turns them all off: the equivalence tests
-# compare whole simulations both ways): allocate does not probe again a holder's shape known to fit
-# nowhere, and groups workloads whose request already failed; reclaim does not search a node whose
-# victims the budget can only refuse (``plan._Refusals``).
+# compare whole simulations both ways): the reservations carried in are taken in runs
+# (``intake``); allocate does not probe again a holder's shape known to fit nowhere, and groups
+# workloads whose request already failed; reclaim does not search a node whose victims the budget
+# can only refuse (``plan._Refusals``).
 SHORTCUTS = True
 _ID = operator.attrgetter("id")
 _REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
@@ -415,8 +417,7 @@ class Cycle:
         timeout = self.cfg.reservation_timeout
         if timeout is None:
             timeout = 2 * self.cfg.preemption_grace + 60.0
-        # the views as lists while thousands of reservations are taken in one by one
-        fut, now = FreeRows(self.future), FreeRows(self.now)
+        todo: list[tuple[Reservation, Workload]] = []
         for r in sorted(reservations, key=SINCE):
             w = self.by_id.get(r.workload)
             if r.bound_at is not None:  # a marker: it bound into a planned place lately
@@ -424,32 +425,41 @@ class Cycle:
                         and self.now_t - r.bound_at <= 2 * self.cfg.preemption_grace):
                     self.settling[r.workload] = r
                 continue
-            if w is None or w.phase == Phase.RUNNING or r.workload in self.reservations:
-                continue
-            why = ""
-            if self.now_t - r.since > timeout:
-                why = f"its victims did not release the capacity within {timeout:g}s"
-            elif r.code == Code.RECLAIMING and w.phase == Phase.PENDING:
-                why = self._unentitled(w)
-            if not why and not w.preemptible and w.phase == Phase.PENDING:
-                why = self._nonpreemptible_blocked(w)
-            if not why:
-                why = self._hold(w, r, fut, now)
-            if why:
-                self.result.dropped[w.id] = why
-                continue
-            self.reservations[w.id] = r
-        fut.flush()
-        now.flush()
+            if w is not None and w.phase != Phase.RUNNING:
+                todo.append((r, w))
+        if SHORTCUTS:
+            take_in(self, todo, timeout)  # in runs, as ``_take_one`` would one by one
+        else:
+            for r, w in todo:
+                self._take_one(r, w, timeout)
 
-    def _unentitled(self, w: Workload) -> str:
+    def _take_one(self, r: Reservation, w: Workload, timeout: float) -> None:
+        """Take in one reservation: drop it with the reason, or take and hold its placement."""
+        if r.workload in self.reservations:
+            return
+        why = ""
+        if self.now_t - r.since > timeout:
+            why = f"its victims did not release the capacity within {timeout:g}s"
+        elif r.code == Code.RECLAIMING and w.phase == Phase.PENDING:
+            why = self._unentitled(w)
+        if not why and not w.preemptible and w.phase == Phase.PENDING:
+            why = self._nonpreemptible_blocked(w)
+        if not why:
+            why = self._hold(w, r, self.future, self.now)
+        if why:
+            self.result.dropped[w.id] = why
+            return
+        self.reservations[w.id] = r
+
+    def _unentitled(self, w: Workload, reserved: float | None = None) -> str:
         """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): reclaim
         admits a workload while its queue holds less than its fair share (a whole workload may
         take it past; the reclaim budget judges the move), so the reservation lapses once the
-        queue holds its fair share without it and would go above with it."""
+        queue holds its fair share without it and would go above with it. ``reserved``: its
+        queue's reserved GPUs, if not ``self.reserved``'s (intake judging a run ahead)."""
         amt = self.amounts[w.id][0]
         q = w.queue
-        held = self.effective(q)[0] + self.reserved[q]
+        held = self.effective(q)[0] + (self.reserved[q] if reserved is None else reserved)
         fair = self.fair[q].get("gpu", 0.0)
         if held >= fair - EPS and held + amt > fair + EPS:
             return (f"queue {q} holds {held:g} GPUs without it, its fair share of {fair:g}, "
@@ -468,7 +478,7 @@ class Cycle:
                     f"({held:g} GPUs), so it cannot bind")
         return ""
 
-    def _hold(self, w: Workload, r: Reservation, fut: FreeRows, now: FreeRows) -> str:
+    def _hold(self, w: Workload, r: Reservation, fut: ClusterState, now: ClusterState) -> str:
         """Take ``r``'s placements in the future view and hold what is free of them now."""
         index, sched = fut.index, fut.schedulable
         for p in r.placements:
@@ -499,8 +509,7 @@ class Cycle:
         """Undo ``unhold`` (the holder could not bind yet)."""
         self._hold_now(self.by_id[wid], self.reservations[wid].placements)
 
-    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...], now: ClusterState | FreeRows | None = None
-                  ) -> None:
+    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...], now: ClusterState | None = None) -> None:
         """Hold for ``w`` whatever of ``placements`` is free in the now view (the rest is still
         held by the workloads releasing it), so that nobody else binds there meanwhile."""
         now = self.now if now is None else now

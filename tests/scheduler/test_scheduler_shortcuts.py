@@ -1,6 +1,7 @@
 """The scheduler's shortcuts change no decision.
 
-allocate groups workloads whose request already failed for capacity (one failed candidate per
+A cycle takes in the reservations carried from the last one in runs, judged with prefix sums
+(``scheduler/intake.py``), not one by one; allocate groups workloads whose request already failed for capacity (one failed candidate per
 queue and request, expanded only where an action tries them one by one) and skips probing the
 whole cluster for a holder whose shape already fitted nowhere; reclaim does not search a node
 whose victims its budget can only refuse (``plan._Refusals``: refused first, a plan of one victim
@@ -143,3 +144,83 @@ def test_the_switch_really_turns_the_reclaim_judgements_off(monkeypatch):
         result = Scheduler().schedule(snap)
         assert len(result.evictions) == 1
         assert bool(judged) is on
+
+
+def test_the_switch_really_turns_the_runs_of_reservations_off(monkeypatch):
+    """And for intake: three reservations are taken in as one run with the shortcuts on, one by
+    one with them off, to the same holds."""
+    from gpupool.scheduler import Scheduler, intake
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, Snapshot, Workload
+    from gpupool.scheduler.reasons import Code
+
+    nodes = [NodeSpec("n0", gpus=4, gpu_memory=80 * 2**30)]
+    queues = [QueueSpec("borrower", deserved={"gpu": 0}), QueueSpec("q", deserved={"gpu": 4})]
+    releasing = [Workload(f"b{i}", "borrower", gpus=1, phase=Phase.RELEASING, started_at=0.0,
+                          placements=(PodPlacement(0, "n0", (i,)),)) for i in range(3)]
+    holders = [Workload(f"h{i}", "q", gpus=1, submit_time=float(i)) for i in range(3)]
+    reservations = [Reservation(f"h{i}", (PodPlacement(0, "n0", (i,)),), Code.RECLAIMING, 50.0 + i)
+                    for i in range(3)]
+    snap = Snapshot(now=60.0, nodes=nodes, queues=queues, workloads=[*releasing, *holders],
+                    reservations=reservations)
+    runs, one_by_one = [], []
+    real_run = intake._take_run
+    monkeypatch.setattr(intake, "_take_run", lambda *a: runs.append(a[4] - a[3]) or real_run(*a))
+    seen = {}
+    for on in (True, False):
+        monkeypatch.setattr(cycle, "SHORTCUTS", on)
+        runs.clear()
+        ctx = Scheduler().start(snap)
+        seen[on] = (dict(ctx.holds), sorted(ctx.reservations), dict(ctx.reserved))
+        assert runs == ([3] if on else [])
+    assert seen[True] == seen[False]
+    assert sorted(seen[True][0]) == ["h0", "h1", "h2"]
+
+
+def _intake_both_ways(monkeypatch, snap):
+    from gpupool.scheduler import Scheduler
+    seen = {}
+    for on in (True, False):
+        monkeypatch.setattr(cycle, "SHORTCUTS", on)
+        ctx = Scheduler().start(snap)
+        seen[on] = (dict(ctx.holds), list(ctx.reservations), dict(ctx.reserved), dict(ctx.result.dropped),
+                    ctx.now.gpu_free.tolist(), ctx.future.gpu_free.tolist())
+    assert seen[True] == seen[False]
+    return seen[True]
+
+
+def test_a_run_of_reservations_stops_at_the_first_that_cannot_be_taken(monkeypatch):
+    """Four reservations planned on one node: the second's GPU is taken by a workload that runs
+    there now (its capacity is no longer there), the fourth asks for more than its queue's fair
+    share leaves (no longer entitled); the first and third are taken, with their holds, exactly
+    as one by one, and the drops give the one-by-one reasons."""
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, Snapshot, Workload
+    from gpupool.scheduler.reasons import Code
+
+    nodes = [NodeSpec("n0", gpus=4, gpu_memory=80 * 2**30), NodeSpec("n1", gpus=4, gpu_memory=80 * 2**30)]
+    queues = [QueueSpec("borrower", deserved={"gpu": 0}), QueueSpec("q", deserved={"gpu": 2}),
+              QueueSpec("other", deserved={"gpu": 6})]
+    run = [Workload("o1", "other", gpus=1, phase=Phase.RUNNING, started_at=0.0, preemptible=False,
+                    placements=(PodPlacement(0, "n0", (1,)),))]
+    releasing = [Workload(f"b{g}", "borrower", gpus=0.5, phase=Phase.RELEASING, started_at=0.0,
+                          placements=(PodPlacement(0, "n0", (g,), 0.5),)) for g in (0, 2, 3)]
+    holders = [Workload(f"h{i}", "q", gpus=1, submit_time=float(i)) for i in range(3)]
+    holders.append(Workload("h3", "q", gpus=2, submit_time=3.0))
+    holders += [Workload(f"w{i}", "other", gpus=1, submit_time=9.0) for i in range(8)]  # other wants its share
+    # two halves planned on one GPU of n1 that a releasing quarter still holds 3/4 of: the first
+    # holds the free quarter, the second nothing yet
+    releasing.append(Workload("b9", "borrower", gpus=0.75, phase=Phase.RELEASING, started_at=0.0,
+                              placements=(PodPlacement(0, "n1", (2,), 0.75),)))
+    holders += [Workload(f"s{i}", "other", gpus=0.5, submit_time=8.0) for i in range(2)]
+    plan = [(0,), (1,), (2,), (3,)]
+    reservations = [Reservation(f"h{i}", (PodPlacement(0, "n0", plan[i]),), Code.RECLAIMING, 50.0 + i)
+                    for i in range(3)]
+    reservations.append(Reservation("h3", (PodPlacement(0, "n1", (0, 1)),), Code.RECLAIMING, 53.0))
+    reservations += [Reservation(f"s{i}", (PodPlacement(0, "n1", (2,), 0.5),), Code.PREEMPTING, 54.0 + i)
+                     for i in range(2)]
+    snap = Snapshot(now=60.0, nodes=nodes, queues=queues, workloads=[*run, *releasing, *holders],
+                    reservations=reservations)
+    holds, taken, _, dropped, _, _ = _intake_both_ways(monkeypatch, snap)
+    assert taken == ["h0", "h2", "s0", "s1"]
+    assert "no longer there" in dropped["h1"] and "fair share" in dropped["h3"], dropped
+    assert holds["h0"][0][2] == (500,) and holds["h2"][0][2] == (500,)  # the halves free now, held
+    assert holds["s0"][0][2] == (250,) and holds["s1"][0][2] == (0,)
