@@ -28,6 +28,7 @@ from .cluster import ClusterState, PodRequest
 from .model import MILLI
 
 _NEVER = MILLI + 1  # a per-GPU demand no GPU can meet
+_UNBOUNDED = np.iinfo(np.int64).max // 4  # pods a node has room for when a shape asks no CPU/memory
 
 
 def normalise_shapes(shapes: Sequence) -> list[tuple[PodRequest, float, tuple[str, ...] | None]]:
@@ -87,6 +88,12 @@ class FragModel:
         self.c = np.array([r.cpu_milli for r, _, _ in self.shapes], dtype=np.int64)
         self.mem = np.array([r.memory for r, _, _ in self.shapes], dtype=np.int64)
         self.cpu_only = self.k <= 0
+        # constants of the hybrid measure (few numpy calls per evaluation: most are on a few rows)
+        self._k1 = np.maximum(self.k, 1)
+        self._multi = bool((self.k > 1).any())
+        self._cdiv, self._mdiv = np.maximum(self.c, 1), np.maximum(self.mem, 1)
+        self._cfree = self.c <= 0 if (self.c <= 0).any() else None  # shapes asking no CPU
+        self._mfree = self.mem <= 0 if (self.mem <= 0).any() else None  # ... no memory
         self.S = S
         self._tick = 0
         self._nodes_ref = None
@@ -106,11 +113,14 @@ class FragModel:
         self.m = np.empty((N, self.S), dtype=np.int64)
         for s, (req, _, _) in enumerate(self.shapes):
             self.m[:, s] = per_gpu_milli(state, req)
+        self.km = self.m * self._k1  # milli per pod of each shape on each node
         acc_models = np.ones((len(state.models), self.S), dtype=bool)
         for s, (_, _, models) in enumerate(self.shapes):
             if models:
                 acc_models[:, s] = [mdl in models for mdl in state.models]
         self.access = acc_models[state.model_id] if N else np.zeros((0, self.S), bool)
+        self._gpu_access = self.access & ~self.cpu_only
+        self._bw = self.beta * self.w
         self.gpu = state.gpu_free.copy()
         self.cpu = state.cpu_free.copy()
         self.memf = state.mem_free.copy()
@@ -178,25 +188,37 @@ class FragModel:
         F = self._combine(rows, tot, cnt, small, cpu, mem, slots)
         return tot, cnt, small, slots, F
 
-    def _combine(self, rows, tot, cnt, small, cpu, mem, slots=None):
+    def _room(self, cpu, mem):
+        """Pods of each shape that free ``cpu`` / ``mem`` (per row) leave room for; shapes that
+        ask for neither are unbounded (``_UNBOUNDED``)."""
+        q = cpu[:, None] // self._cdiv
+        if self._cfree is not None:
+            q[:, self._cfree] = _UNBOUNDED
+        if self.use_memory:
+            qm = mem[:, None] // self._mdiv
+            if self._mfree is not None:
+                qm[:, self._mfree] = _UNBOUNDED
+            np.minimum(q, qm, out=q)
+        return q
+
+    def _combine(self, rows, tot, cnt, small, cpu, mem, slots=None, room=None):
         if self._hyb:
             # FGD's GPU fragments, plus GPU capacity that CPU or memory leaves stranded
-            k = np.maximum(self.k, 1)
-            qg = slots // k
-            q = np.minimum(qg, np.where(self.c > 0, cpu[:, None] // np.maximum(self.c, 1), qg))
-            if self.use_memory:
-                q = np.minimum(q, np.where(self.mem > 0, mem[:, None] // np.maximum(self.mem, 1), q))
-            ok = self.access[rows] & ~self.cpu_only & (q >= 1)
-            frag = np.where(ok, small + self.beta * (qg - q) * k * self.m[rows], tot[:, None])
-            return frag @ self.w
+            qg = slots // self._k1 if self._multi else slots
+            q = np.minimum(qg, self._room(cpu, mem) if room is None else room)
+            ok = self._gpu_access[rows] & (q >= 1)
+            stranded = (qg - q) * self.km[rows] * ok  # GPU milli the shape's pods cannot use
+            return np.where(ok, small, tot[:, None]) @ self.w + stranded @ self._bw
         ok = self.access[rows] & (cnt >= self.k) & (cpu[:, None] >= self.c)
         if self.use_memory:
             ok &= mem[:, None] >= self.mem
         frag = np.where(ok & ~self.cpu_only, small, tot[:, None])
         return frag @ self.w
 
-    def after_share(self, rows, gpus, milli, cpu_milli, memory):
-        """Fragmentation of nodes ``rows`` after one share of ``milli[i]`` on GPU ``gpus[i]``."""
+    def after_share(self, rows, gpus, milli, cpu_milli, memory, nodes=None, of=None):
+        """Fragmentation of nodes ``rows`` after one share of ``milli[i]`` on GPU ``gpus[i]``.
+        With several GPUs per node, pass ``nodes`` (distinct) and ``of`` (``rows == nodes[of]``):
+        the CPU/memory part is then worked out once per node."""
         f = self.gpu[rows, gpus][:, None]
         f2 = f - milli[:, None]
         m = self.m[rows]
@@ -207,6 +229,9 @@ class FragModel:
         if self._hyb:
             mm = np.maximum(m, 1)
             slots = self.slots[rows] - f // mm + f2 // mm
+            if nodes is not None:
+                room = self._room(self.cpu[nodes] - cpu_milli, self.memf[nodes] - memory)[of]
+                return self._combine(rows, tot, cnt, small, None, None, slots, room)
         return self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory, slots)
 
     def after_whole(self, rows, k, cpu_milli, memory):

@@ -16,7 +16,7 @@ any); weights are relative arrival frequencies. ``typical_shapes()`` derives the
 requests the way the FGD paper does. Policies:
 
 * ``default``: what the live scheduler uses. FGD with CPU/memory-aware fragmentation (GPU capacity
-  stranded by CPU counts when the workload is CPU-hungry), GPU models oversubscribed by
+  stranded by CPU counts a little, fully when the workload is CPU-hungry), GPU models oversubscribed by
   model-constrained shapes kept for those, the paper's coarse scores, ties to nodes already in use
   and then a fixed node order (consolidation); the exact fragmentation decrease picks the GPU
   within a node. Without shapes: a normalised best fit.
@@ -280,7 +280,7 @@ class _FragPolicy:
             dup = ((free[:, :, None] == free[:, None, :]) & np.tri(G, G, -1, dtype=bool)[None]).any(axis=2)
             ri, gi = np.nonzero(fits & ~dup)
             cand_rows = rows[ri]
-            after = fm.after_share(cand_rows, gi, mr[ri], req.cpu_milli, req.memory)
+            after = fm.after_share(cand_rows, gi, mr[ri], req.cpu_milli, req.memory, rows, ri)
             delta = fm.F[cand_rows] - after
             val = np.full(free.shape, -np.inf)
             val[ri, gi] = self.share_value(delta, free[ri, gi], mr[ri])
@@ -367,7 +367,8 @@ class DefaultPlacement(_FragPolicy):
     pressure_slack = 3  # score points a GPU pod gives up to avoid a contested GPU model ...
     pressure_limit = 1.0  # ... when a candidate's model is oversubscribed this much
 
-    cpu_tight = (0.9, 1.0)  # CPU demand/supply ratio where stranded GPU capacity starts / fully counts
+    cpu_tight = (0.9, 1.0)  # CPU demand/supply ratio where stranded GPU capacity rises from the floor / fully counts
+    cpu_floor = 0.1  # weight of stranded GPU capacity while CPU is plentiful cluster-wide
 
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
@@ -377,8 +378,16 @@ class DefaultPlacement(_FragPolicy):
             self.model.beta = 0.0
 
     def _cpu_beta(self, state) -> float:
-        """How much GPU capacity stranded by CPU/memory counts as fragment: 0 while the workload's
-        CPU per GPU is well below the cluster's, rising to 1 when CPU is as scarce as GPUs."""
+        """How much GPU capacity stranded by CPU/memory counts as fragment: a floor while the
+        workload's CPU per GPU is well below the cluster's, rising to 1 when CPU is as scarce as
+        GPUs; 0 when no node tracks CPU.
+
+        The floor (``cpu_floor``, 0.1): even where CPU is plentiful overall, a node whose CPU runs
+        out strands its GPUs' remainders (CPU-hungry shares on CPU-poor nodes); a tenth of that
+        steers such shares to CPU-rich nodes without outweighing the GPU fragments. It shrinks
+        as a GPU model gets contested by model-constrained shapes (times 1 - the highest
+        pressure, see ``_pressure``): steering by CPU would draw unconstrained pods onto a
+        CPU-rich model that pinned pods need."""
         tracked = state.cpu_total < _UNTRACKED
         gcap = float(state.num_gpus[tracked].sum()) * MILLI
         ccap = float(state.cpu_total[tracked].sum())
@@ -387,7 +396,8 @@ class DefaultPlacement(_FragPolicy):
         if gcap <= 0 or ccap <= 0 or g <= 0:
             return 0.0
         lo, hi = self.cpu_tight
-        return float(np.clip(((c / g) / (ccap / gcap) - lo) / (hi - lo), 0.0, 1.0))
+        floor = self.cpu_floor * max(0.0, 1.0 - float(self._model_pressure(state).max(initial=0.0)))
+        return float(np.clip(((c / g) / (ccap / gcap) - lo) / (hi - lo), floor, 1.0))
 
     def choose(self, state, req, mask=None):
         if self.model is not None and state.nodes is not self.model._nodes_ref:
@@ -407,6 +417,12 @@ class DefaultPlacement(_FragPolicy):
         it; above 1: constrained pods alone would fill it."""
         if self._pressure_ref is self.model.m:  # tables rebuilt whenever the node set changes
             return self._pressure_val
+        rho = self._model_pressure(state)
+        self._pressure_ref, self._pressure_val = self.model.m, rho[state.model_id] if len(state.nodes) else np.zeros(0)
+        return self._pressure_val
+
+    def _model_pressure(self, state) -> np.ndarray:
+        """The pressure (see ``_pressure``) of each GPU model in ``state.models``."""
         cap = np.array([state.num_gpus[state.model_id == i].sum() * MILLI for i in range(len(state.models))],
                        dtype=np.float64)
         demand = sum(w * max(r.num_gpus, 0) * (r.milli or MILLI) for r, w, _ in self.model.shapes)
@@ -419,9 +435,7 @@ class DefaultPlacement(_FragPolicy):
             if c > 0:
                 d[allowed] += w * req.num_gpus * (req.milli or MILLI) / demand * cap[allowed] / c
         with np.errstate(divide="ignore", invalid="ignore"):
-            rho = np.where(cap > 0, d / (cap / max(cap.sum(), 1.0)), 0.0) if demand > 0 else np.zeros(len(cap))
-        self._pressure_ref, self._pressure_val = self.model.m, rho[state.model_id] if len(state.nodes) else np.zeros(0)
-        return self._pressure_val
+            return np.where(cap > 0, d / (cap / max(cap.sum(), 1.0)), 0.0) if demand > 0 else np.zeros(len(cap))
 
     def share_value(self, delta, free, milli):
         return delta - 1e-9 * free  # exact decrease; among equals the tightest GPU

@@ -207,6 +207,12 @@ def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta)
             row = state.gpu_free[n:n + 1].copy()
             row[0, g] -= 300
             assert after == pytest.approx(fm.after_rows(np.array([n]), row, 1000, GI)[0])
+            # several GPUs of one node at once, its CPU/memory part worked out once: the same values
+            gs = np.flatnonzero(state.gpu_free[n] >= 300)
+            each = [fm.after_share(np.array([n]), np.array([g]), np.array([300]), 1000, GI)[0] for g in gs]
+            once = fm.after_share(np.full(gs.size, n), gs, np.full(gs.size, 300), 1000, GI,
+                                  nodes=np.array([n]), of=np.zeros(gs.size, dtype=np.int64))
+            assert once == pytest.approx(each)
 
 
 def test_cached_choices_equal_fresh_choices():
@@ -269,3 +275,36 @@ def test_gpu_model_pressure_and_routing_of_unconstrained_pods():
     plain = make_policy("default", shapes=[(PodRequest(1, MILLI, 0, 1000, GI), 1.0)])
     plain.choose(state, PodRequest(1, MILLI, 0, 1000, GI))
     assert not plain._pressure(state).any()
+
+
+def test_default_keeps_cpu_hungry_shares_off_cpu_poor_nodes():
+    """Even where CPU is plentiful cluster-wide, GPU capacity that a node's CPU strands counts a
+    little (the floor of the stranded-capacity weight): a CPU-hungry share goes to the CPU-rich
+    node, not to the CPU-poor one where it would leave a GPU no CPU for the workload's usual pod."""
+    def state():
+        s = ClusterState([NodeSpec("poor", 4, cpu=16, memory=256 * GI), NodeSpec("rich", 4, cpu=64, memory=256 * GI)])
+        s.take(0, (), 0, 0, GI)  # poor is in use: equal scores would go there
+        return s
+    shapes = [(PodRequest(1, MILLI, 0, 4000, 8 * GI), 0.9), (PodRequest(1, 500, 0, 6000, 8 * GI), 0.1)]
+    hungry = PodRequest(1, 500, 0, 6000, 8 * GI)
+    chosen = {}
+    for floor in (0.0, None):
+        s, pol = state(), make_policy("default", shapes=shapes)
+        if floor is not None:
+            pol.cpu_floor = floor  # the measure without the floor, for contrast
+        n, _, _ = pol.choose(s, hungry)
+        chosen[floor] = s.nodes[n].name
+    assert chosen == {0.0: "poor", None: "rich"}
+
+
+def test_stranded_capacity_weight_follows_cpu_scarcity():
+    """The weight of GPU capacity stranded by CPU: the floor while the workload's CPU per GPU is
+    well below the cluster's, 1 once it reaches the cluster's, 0 when no node tracks CPU."""
+    nodes = [NodeSpec("n0", 4, cpu=32, memory=256 * GI)]
+    def beta(cpu_per_gpu, nodes=nodes):
+        pol = make_policy("default", shapes=[(PodRequest(1, MILLI, 0, cpu_per_gpu, GI), 1.0)])
+        return pol._cpu_beta(ClusterState(nodes))
+    assert beta(2000) == pytest.approx(0.1)  # a quarter of the cluster's 8 cores per GPU
+    assert beta(7600) == pytest.approx(0.5)  # 95% of it: halfway up the ramp
+    assert beta(8000) == beta(16000) == 1.0
+    assert beta(8000, [NodeSpec("u0", 4)]) == 0.0
