@@ -92,6 +92,11 @@ class ReclaimBudget(Budget):
                 held_q <= ctx.guar[aq] + EPS, aq)
         return hit
 
+    def _short(self, aq: str) -> float:
+        """How far the reclaimer's side ``aq`` is below its guarantee now (GPUs; <= 0: not)."""
+        ctx = self.ctx
+        return ctx.guar[aq] - ctx.effective(aq)[0] - ctx.reserved[aq]
+
     def candidate_side(self, queue: str) -> bool:
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
         _, over, held, guar, _, guaranteed, _ = self._side(queue)
@@ -123,11 +128,14 @@ class ReclaimBudget(Budget):
         self.taken.clear()
 
     def allows(self, v: Workload) -> bool:
-        side, over, held, guar, reclaimer_before, guaranteed, _ = self._side(v.queue)
+        side, over, held, guar, reclaimer_before, guaranteed, aq = self._side(v.queue)
         gone = self.gone.get(side, 0.0)
         amt = self.ctx.amounts[v.id][0]
-        if guaranteed and held - gone > guar + EPS:
-            return True  # guarantee: take borrowed capacity back
+        if guaranteed and held - gone > guar + EPS and (
+                held - gone - amt >= guar - EPS or guar - (held - gone - amt) <= self._short(aq) + EPS):
+            # guarantee: take borrowed capacity back; a whole victim may take its holder below its
+            # guarantee only by less than the reclaimer's side is below its own now
+            return True
         share = over - gone > reclaimer_before + EPS
         if share and (held - gone - amt >= guar - EPS or over - gone > EPS):
             if not self.ctx.runs_lower_priority(v, self.taken):
