@@ -563,11 +563,12 @@ class _Refusals:
         levels: dict[str, tuple[set, list[float], float]] = {}  # level -> (sides, amounts, most over)
         for v, _ in vs:
             side, over, held, guar, _, guaranteed, aq = b._side(v.queue)
-            if guaranteed and held > guar + EPS:
-                return False  # the guarantee rule may take it: no squared distances judged
+            amt = ctx.amounts[v.id][0]
+            if guaranteed and held > guar + EPS and (held - amt >= guar - EPS or guar - (held - amt) <= b._short(aq) + EPS):
+                return False  # the guarantee rule may take it (``allows`` with nothing gone yet): no squares judged
             sides, amounts, most = levels.get(aq) or (set(), [], 0.0)
             sides.add(side)
-            amounts.append(ctx.amounts[v.id][0])
+            amounts.append(amt)
             levels[aq] = (sides, amounts, max(most, over))
         for aq, (sides, amounts, most) in levels.items():
             wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - b.amount)
