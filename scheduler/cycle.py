@@ -445,7 +445,7 @@ class Cycle:
         if not why and not w.preemptible and w.phase == Phase.PENDING:
             why = self._nonpreemptible_blocked(w)
         if not why:
-            why = self._hold(w, r, self.future, self.now)
+            why = self._hold(w, r)
         if why:
             self.result.dropped[w.id] = why
             return
@@ -478,8 +478,9 @@ class Cycle:
                     f"({held:g} GPUs), so it cannot bind")
         return ""
 
-    def _hold(self, w: Workload, r: Reservation, fut: ClusterState, now: ClusterState) -> str:
+    def _hold(self, w: Workload, r: Reservation) -> str:
         """Take ``r``'s placements in the future view and hold what is free of them now."""
+        fut = self.future
         index, sched = fut.index, fut.schedulable
         for p in r.placements:
             n = index.get(p.node)
@@ -492,7 +493,7 @@ class Cycle:
         for p in r.placements:
             fut.take_placement(p, w)
         self._claim(w.queue, self.amounts[w.id][0])
-        self._hold_now(w, r.placements, now)
+        self._hold_now(w, r.placements)
         return ""
 
     def unhold(self, wid: str) -> None:
@@ -509,10 +510,10 @@ class Cycle:
         """Undo ``unhold`` (the holder could not bind yet)."""
         self._hold_now(self.by_id[wid], self.reservations[wid].placements)
 
-    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...], now: ClusterState | None = None) -> None:
+    def _hold_now(self, w: Workload, placements: tuple[PodPlacement, ...]) -> None:
         """Hold for ``w`` whatever of ``placements`` is free in the now view (the rest is still
         held by the workloads releasing it), so that nobody else binds there meanwhile."""
-        now = self.now if now is None else now
+        now = self.now
         cpu, mem = int(round(w.cpu * MILLI)), w.memory
         holds = []
         for p in placements:
