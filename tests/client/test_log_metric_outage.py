@@ -142,7 +142,9 @@ def test_the_background_sender_retries_a_failing_service(in_a_job):
             assert metrics.log_metric("loss", 1.0) is False
         deadline = threading.Event()
         for _ in range(100):  # 503 again, then sent: the thread backs off 1 s, then 2 s
-            if service.posted:
+            # the service records the value before it answers; the sender drops it from the
+            # buffer after the answer, so both are waited for
+            if service.posted and len(metrics._buffer) == 0:
                 break
             deadline.wait(0.1)
         assert service.posted == [("loss", 1.0, 0)] and len(metrics._buffer) == 0
