@@ -62,10 +62,13 @@ class ReclaimBudget(Budget):
       with such a victim must bring the two sides closer to their fair shares: the sum of the
       squares of (held - fair share) over the sides involved strictly falls (``accepts``). Whole
       workloads move, so a reclaimer may end above its share by less than a workload, and a
-      victim below it, but never so that the shares end further from fair than they were.
+      victim below it, but never so that the shares end further from fair than they were. Nor
+      so that the victim's side ends below its guarantee, by enough to take one of its victims
+      back by the guarantee rule, while the reclaimer's side ends above its own (``accepts``).
 
-    Neither rule allows the reverse move afterwards (the guarantee rule never takes a queue below
-    its guarantee, the squared distance only falls), and allocation ranks queues by the same
+    Neither rule allows the reverse move afterwards (the squared distance only falls; what the
+    guarantee rule takes whole, the fair-share rule does not hand back to a side that would
+    reclaim it again), and allocation ranks queues by the same
     measures (within guarantee first, then GPUs above fair share), so what a reclaim frees goes to
     the reclaimer and capacity never ping-pongs. Victims already taken in the plan count against
     their side. ``refused`` names the last side a victim was refused for, ``why`` says why."""
@@ -157,12 +160,28 @@ class ReclaimBudget(Budget):
         if not any(v.id in self.by_share for v in chosen):
             return True
         levels: dict[str, dict[str, float]] = {}
+        smallest: dict[str, float] = {}  # victim side -> its smallest victim in the plan
         for v in chosen:
             side, *_, aq = self._side(v.queue)
             lv = levels.setdefault(aq, {})
-            lv[side] = lv.get(side, 0.0) + self.ctx.amounts[v.id][0]
+            amt = self.ctx.amounts[v.id][0]
+            lv[side] = lv.get(side, 0.0) + amt
+            smallest[side] = min(smallest.get(side, amt), amt)
         ctx = self.ctx
         for aq, taken in levels.items():
+            mine = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+            if mine > ctx.guar[aq] + EPS:
+                # the reclaimer's side ends above its guarantee: a victim side this plan takes below
+                # its own guarantee, far enough that one of its victims fits back within it, would
+                # take that victim back by the guarantee rule (and the whole workloads that rule
+                # may take, with it): capacity would move back and forth for ever
+                for side, amt in taken.items():
+                    left = ctx.effective(side)[0] + ctx.reserved[side] - amt
+                    if left + smallest[side] <= ctx.guar[side] + EPS:
+                        self.refused = side
+                        self.why = {"holder": side, "held": left + amt, "fair": ctx.fair[side].get("gpu", 0.0),
+                                    "guarantee": ctx.guar[side], "rule": "back", "taken": amt}
+                        return False
             before = ctx.over(aq)
             # what the victims free beyond the reclaimer's need counts as the reclaimer's side's as
             # far as that side wants more (it would take it next, by lending or by priority)

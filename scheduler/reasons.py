@@ -102,6 +102,10 @@ def _refusal(q: str, d: dict) -> str:
         return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}) as whole workloads "
                 f"of {_gpus(d['taken'])}; taking them would leave the two queues further from their fair "
                 f"shares than now ({mine})")
+    if d["rule"] == "back":
+        return (f"the GPUs that would make room belong to {h} ({held}, guaranteed {_gpus(d['guarantee'])}) as "
+                f"whole workloads of {_gpus(d['taken'])}; taking them would take {h} below its guarantee while "
+                f"{q}'s side ends above its own, and {h} would take them back ({mine})")
     return (f"the GPUs that would make room belong to {h}, which holds {held} of its fair share of {fair}; "
             f"{mine}: relative to their fair shares, {h} is no better off than {q}")
 

@@ -473,14 +473,15 @@ def test_regress_a_reclaim_takes_a_queues_lowest_priorities_first():
     assert not late_evictions(data, settle=120, seed=1)
 
 
-@pytest.mark.xfail(strict=True, reason="open guarantee bug: a whole gang reclaimed past a guarantee is reclaimed back")
 def test_regress_a_whole_gang_reclaimed_past_a_guarantee_is_not_reclaimed_back():
     """Found by the extended generator (over-committed quotas: 10 GPUs deserved on 8). q0, below
     its shrunk share of 2.4, reclaims room for a 3-GPU gang (larger than the gap: allowed once, as
     q0 is below its guarantee) and ends 0.85 above its guarantee; p2, below its own share, takes
     the whole gang back by the guarantee rule (q0 holds more than its guarantee before the gang
     goes), which drops q0 to 0.25, below its guarantee, and q0 reclaims again: every 100 s, for
-    ever. The guarantee rule judges a victim by what its side holds before it goes, not after."""
+    ever. The second reclaim was the fair-share rule taking p2's department below its guarantee
+    for q0, which borrowed beyond its own: that rule now keeps a side's guarantee unless the
+    reclaimer's side ends within its own."""
     assert not late_evictions(scenario_data("regress_whole_gang_overshoot_ping_pong"), settle=900)
 
 
@@ -570,6 +571,15 @@ def test_regress_a_resumed_workload_keeps_its_min_runtime_and_no_more():
 
 def test_regress_reclaiming_workload_starts_within_the_bound():
     late, report = liveness_failures(scenario_data("regress_reclaiming_gang_late"), 1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late
+
+
+def test_regress_an_entitled_workload_takes_a_whole_gang_that_borrows():
+    """The guarantee rule takes a whole 8-GPU gang from a queue guaranteed 4 for a 2-GPU
+    workload that its queue is guaranteed: the gang's queue lacks more afterwards than the
+    reclaimer did, but its gang never fitted its guarantee."""
+    late, report = liveness_failures(scenario_data("regress_entitled_gang_behind_an_eight_gpu_borrower"), 1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
 
