@@ -81,6 +81,8 @@ class Statement:
         self.ops.append(("evict", v, ev))
 
     def reserve(self, r: Reservation) -> None:
+        if r.workload not in self.ctx.reservations:
+            self.ctx._count_reserved(r.workload, +1)
         self.ctx.reservations[r.workload] = r
         self.ops.append(("reserve", r, None))
 
@@ -100,7 +102,8 @@ class Statement:
             elif op == "evict":
                 ctx._evict(x, arg, -1)
             elif op == "reserve":
-                ctx.reservations.pop(x.workload, None)
+                if ctx.reservations.pop(x.workload, None) is not None:
+                    ctx._count_reserved(x.workload, -1)
 
     def commit(self) -> list[tuple]:
         ops, self.ops = self.ops, []
@@ -342,6 +345,10 @@ class Cycle:
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}
+        # queue -> priority -> how many of its waiting preemptible workloads start: hold a
+        # reservation, or were bound this cycle (see runs_lower_priority)
+        self._reserved_prios: dict[str, dict[int, int]] = {}
+        self._starting: set[str] = set()
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
         self._held_all: tuple[int, list[str]] | None = None  # what they hold in all (see _held_in)
         # holders that bound into their planned place lately (the last two grace periods): their
@@ -450,6 +457,7 @@ class Cycle:
             self.result.dropped[w.id] = why
             return
         self.reservations[w.id] = r
+        self._count_reserved(w.id, +1)
 
     def _unentitled(self, w: Workload, reserved: float | None = None) -> str:
         """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): reclaim
@@ -796,6 +804,7 @@ class Cycle:
         else:
             reason = f"within the deserved quota of {w.queue}"
         self.result.binds.append(Bind(w.id, placements, reason, over_quota=over))
+        self._count_reserved(w.id, +1)
         self.result.pending.pop(w.id, None)
         self.reasons.clear()  # free capacity changed
 
@@ -822,9 +831,28 @@ class Cycle:
             hit = self._vcost[v.id] = lost_gpu_seconds(v, self.now_t, self.amounts[v.id][0])
         return hit
 
+    def _count_reserved(self, wid: str, d: int) -> None:
+        """Note that a waiting workload starts (reserved, or bound: ``d`` +1) or no longer does
+        (its reservation rolled back: -1), for ``runs_lower_priority``."""
+        w = self.by_id.get(wid)
+        if w is None or w.phase is not Phase.PENDING or not w.preemptible:
+            return
+        if (wid in self._starting) == (d > 0):
+            return  # reserved, then bound: counted once
+        if d > 0:
+            self._starting.add(wid)
+        else:
+            self._starting.discard(wid)
+        prios = self._reserved_prios.setdefault(w.queue, {})
+        prios[w.priority] = prios.get(w.priority, 0) + d
+
     def runs_lower_priority(self, v: Workload, taken: set[str]) -> bool:
         """Does a preemptible workload of ``v``'s queue with a lower priority keep running (not
-        evicted this cycle, nor in ``taken``)?"""
+        evicted this cycle, nor in ``taken``), or does one start (bound this cycle, or about to on a
+        reservation)? Once it runs, ``v``, pending again, would preempt it."""
+        prios = self._reserved_prios.get(v.queue)
+        if prios and any(n > 0 and p < v.priority for p, n in prios.items()):
+            return True
         ranked = self.cache.setdefault("preemptible-ranked", {})  # queue -> lowest priority first
         mine = ranked.get(v.queue)
         if mine is None:
