@@ -846,6 +846,16 @@ class Cycle:
         prios = self._reserved_prios.setdefault(w.queue, {})
         prios[w.priority] = prios.get(w.priority, 0) + d
 
+    def could_return(self, v: Workload, left: float, guar: float, taken: set[str]) -> bool:
+        """Would ``v``, evicted with its side left holding ``left`` GPUs against a guarantee of
+        ``guar``, fit back within it, preempting the lower-priority preemptible workloads of its
+        queue that keep running?"""
+        lower = 0.0
+        for w in self.preemptible_by_queue(young=True).get(v.queue, ()):
+            if w.priority < v.priority and w.id not in self.evicted and w.id not in taken:
+                lower += self.amounts[w.id][0]
+        return left - lower + self.amounts[v.id][0] <= guar + EPS
+
     def runs_lower_priority(self, v: Workload, taken: set[str]) -> bool:
         """Does a preemptible workload of ``v``'s queue with a lower priority keep running (not
         evicted this cycle, nor in ``taken``), or does one start (bound this cycle, or about to on a

@@ -56,7 +56,9 @@ class ReclaimBudget(Budget):
 
     * guarantee: the reclaimer's side ends within its guarantee, and the victim's side still holds
       more than its own guarantee before this victim goes (only borrowed capacity is taken back,
-      even if a whole gang must go);
+      even if a whole gang must go); a victim that leaves its side further below its guarantee
+      than the reclaimer's side lacks now only if it could not come back by this rule
+      (``Cycle.could_return``);
     * fair share: the victim's side is better off, relative to its fair share, than the
       reclaimer's side, and keeps its guarantee unless it holds more than its fair share. A plan
       with such a victim must bring the two sides closer to their fair shares: the sum of the
@@ -95,6 +97,11 @@ class ReclaimBudget(Budget):
                 held_q <= ctx.guar[aq] + EPS, aq)
         return hit
 
+    def _short(self, aq: str) -> float:
+        """How far the reclaimer's side ``aq`` is below its guarantee now (GPUs; <= 0: not)."""
+        ctx = self.ctx
+        return ctx.guar[aq] - ctx.effective(aq)[0] - ctx.reserved[aq]
+
     def candidate_side(self, queue: str) -> bool:
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
         _, over, held, guar, _, guaranteed, _ = self._side(queue)
@@ -126,11 +133,22 @@ class ReclaimBudget(Budget):
         self.taken.clear()
 
     def allows(self, v: Workload) -> bool:
-        side, over, held, guar, reclaimer_before, guaranteed, _ = self._side(v.queue)
+        side, over, held, guar, reclaimer_before, guaranteed, aq = self._side(v.queue)
         gone = self.gone.get(side, 0.0)
         amt = self.ctx.amounts[v.id][0]
         if guaranteed and held - gone > guar + EPS:
-            return True  # guarantee: take borrowed capacity back
+            left = held - gone - amt
+            if (left >= guar - EPS or guar - left <= self._short(aq) + EPS
+                    or not self.ctx.could_return(v, left, guar, self.taken)):
+                # guarantee: take borrowed capacity back; a whole victim that takes its side below
+                # its guarantee by more than the reclaimer's side lacks only if it cannot come back
+                # by the same rule (it does not fit that guarantee, even with its queue's
+                # lower-priority workloads preempted), else the two would trade it for ever
+                return True
+            self.refused = side
+            self.why = {"holder": side, "held": held - gone, "fair": self.ctx.fair[side].get("gpu", 0.0),
+                        "guarantee": guar, "rule": "guarantee"}
+            return False
         share = over - gone > reclaimer_before + EPS
         if share and (held - gone - amt >= guar - EPS or over - gone > EPS):
             if not self.ctx.runs_lower_priority(v, self.taken):

@@ -500,11 +500,11 @@ def test_regress_no_reclaim_of_a_higher_priority_workload_while_a_lower_one_bind
     assert not late_evictions(data, settle=800, seed=1)
 
 
-@pytest.mark.xfail(strict=True, reason="open guarantee bug: the guarantee rule takes a whole gang that comes back")
 def test_regress_the_guarantee_rule_takes_no_gang_that_comes_back():
-    """The guarantee rule takes a 6-GPU gang that checkpoints (no work lost) for 0.25 GPU from a
-    queue 0.25 above its guarantee; the gang comes back by preempting its queue's lower-priority
-    0.25-GPU workload and reclaiming the rest by the same rule, every 2 s."""
+    """The guarantee rule took a 6-GPU gang that checkpoints (no work lost) for 0.25 GPU from a
+    queue 0.25 above its guarantee; the gang came back by preempting its queue's lower-priority
+    0.25-GPU workload and reclaiming the rest by the same rule, every 2 s. A whole victim that
+    could come back so is no longer taken past what the reclaimer lacks."""
     data = scenario_data("regress_guarantee_rule_takes_a_gang_that_comes_back")
     assert not late_evictions(data, settle=550, seed=0)
 
