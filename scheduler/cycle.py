@@ -82,7 +82,7 @@ class Statement:
 
     def reserve(self, r: Reservation) -> None:
         if r.workload not in self.ctx.reservations:
-            self.ctx._count_reserved(r.workload, +1)
+            self.ctx._note_starting(r.workload, +1)
         self.ctx.reservations[r.workload] = r
         self.ops.append(("reserve", r, None))
 
@@ -103,7 +103,7 @@ class Statement:
                 ctx._evict(x, arg, -1)
             elif op == "reserve":
                 if ctx.reservations.pop(x.workload, None) is not None:
-                    ctx._count_reserved(x.workload, -1)
+                    ctx._note_starting(x.workload, -1)
 
     def commit(self) -> list[tuple]:
         ops, self.ops = self.ops, []
@@ -347,7 +347,7 @@ class Cycle:
         self.reservations: dict[str, Reservation] = {}
         # queue -> priority -> how many of its waiting preemptible workloads start: hold a
         # reservation, or were bound this cycle (see runs_lower_priority)
-        self._reserved_prios: dict[str, dict[int, int]] = {}
+        self._starting_prios: dict[str, dict[int, int]] = {}
         self._starting: set[str] = set()
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
         self._held_all: tuple[int, list[str]] | None = None  # what they hold in all (see _held_in)
@@ -457,7 +457,7 @@ class Cycle:
             self.result.dropped[w.id] = why
             return
         self.reservations[w.id] = r
-        self._count_reserved(w.id, +1)
+        self._note_starting(w.id, +1)
 
     def _unentitled(self, w: Workload, reserved: float | None = None) -> str:
         """Why a reclaimer is no longer entitled to what it reserved (empty: it still is): reclaim
@@ -804,7 +804,7 @@ class Cycle:
         else:
             reason = f"within the deserved quota of {w.queue}"
         self.result.binds.append(Bind(w.id, placements, reason, over_quota=over))
-        self._count_reserved(w.id, +1)
+        self._note_starting(w.id, +1)
         self.result.pending.pop(w.id, None)
         self.reasons.clear()  # free capacity changed
 
@@ -831,7 +831,7 @@ class Cycle:
             hit = self._vcost[v.id] = lost_gpu_seconds(v, self.now_t, self.amounts[v.id][0])
         return hit
 
-    def _count_reserved(self, wid: str, d: int) -> None:
+    def _note_starting(self, wid: str, d: int) -> None:
         """Note that a waiting workload starts (reserved, or bound: ``d`` +1) or no longer does
         (its reservation rolled back: -1), for ``runs_lower_priority``."""
         w = self.by_id.get(wid)
@@ -843,7 +843,7 @@ class Cycle:
             self._starting.add(wid)
         else:
             self._starting.discard(wid)
-        prios = self._reserved_prios.setdefault(w.queue, {})
+        prios = self._starting_prios.setdefault(w.queue, {})
         prios[w.priority] = prios.get(w.priority, 0) + d
 
     def could_return(self, v: Workload, left: float, guar: float, taken: set[str]) -> bool:
@@ -860,7 +860,7 @@ class Cycle:
         """Does a preemptible workload of ``v``'s queue with a lower priority keep running (not
         evicted this cycle, nor in ``taken``), or does one start (bound this cycle, or about to on a
         reservation)? Once it runs, ``v``, pending again, would preempt it."""
-        prios = self._reserved_prios.get(v.queue)
+        prios = self._starting_prios.get(v.queue)
         if prios and any(n > 0 and p < v.priority for p, n in prios.items()):
             return True
         ranked = self.cache.setdefault("preemptible-ranked", {})  # queue -> lowest priority first

@@ -173,6 +173,6 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
             p += 1
         ctx.holds[w.id] = holds
         ctx.reservations[w.id] = r
-        ctx._count_reserved(w.id, +1)
+        ctx._note_starting(w.id, +1)
     ctx._held_all = None
     return stop
