@@ -183,7 +183,7 @@ def test_the_dashboard_is_in_the_hubs_menu_shows_the_policies_and_refreshes_itse
 def test_the_spawn_page_offers_only_what_the_policy_allows_and_preselects_its_defaults(hub):
     """In Chromium: the GPU menu follows the chosen queue's policy and pre-selects its defaults; a start
     that keeps them gets them; a value beyond the limit (forced into the form) is refused, naming the rule."""
-    from browser_harness import ARTIFACTS, chromium, login
+    from browser_harness import ARTIFACTS, chromium, login, wait_for_text
     from spawner_harness import user_server
 
     with chromium() as browser:
@@ -212,7 +212,7 @@ def test_the_spawn_page_offers_only_what_the_policy_allows_and_preselects_its_de
                       " o.disabled = false; o.hidden = false; document.getElementById('gpupool-gpus').value = '2'; }")
         page.click("input[type=submit], button[type=submit]")
         rule = "queue vision allows at most 1 GPU per workspace (policy of department research)"
-        page.wait_for_function(f"() => document.body.innerText.includes({rule!r})", timeout=30_000)
+        wait_for_text(page, rule)
         hub.wait_for(lambda: user_server(hub, "alice") is None, 30)
 
         # the defaults as pre-selected: the server gets them

@@ -69,7 +69,7 @@ def test_pool_and_image_limits_refuse_naming_the_rule_on_the_api_and_the_cli(hub
 
 
 def test_the_spawn_page_offers_the_queues_pools_and_the_choice_is_the_workspaces(hub):
-    from browser_harness import ARTIFACTS, chromium, login
+    from browser_harness import ARTIFACTS, chromium, login, wait_for_text
     from spawner_harness import stop_server as _stop, user_server as _server, wait_server_ready as _wait_ready
 
     with chromium() as browser:
@@ -108,5 +108,5 @@ def test_the_spawn_page_offers_the_queues_pools_and_the_choice_is_the_workspaces
         page.evaluate("() => { const o = document.querySelector('#gpupool-pool option[value=\"train\"]');"
                       " o.disabled = false; o.hidden = false; document.getElementById('gpupool-pool').value = 'train'; }")
         page.click("input[type=submit], button[type=submit]")
-        page.wait_for_function(f"() => document.body.innerText.includes({RULE.split(': ', 1)[1]!r})", timeout=30_000)
+        wait_for_text(page, RULE.split(': ', 1)[1])
     hub.wait_for(lambda: _server(hub, "alice") is None, 30)

@@ -56,3 +56,11 @@ def open_dashboard(browser, hub, user: str):
     page.wait_for_function("() => ['queues-chart', 'timeline-chart'].every("
                            "id => Chart.getChart(document.getElementById(id)) !== undefined)", timeout=10_000)
     return page
+
+
+def wait_for_text(page, text: str, timeout: float = 30_000):
+    """Wait until the page's body shows ``text``. Through a locator, so a page that is navigating (after
+    a form's submit, the body is briefly absent) is waited out, not read half-built."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("body")).to_contain_text(text, timeout=timeout)
