@@ -21,6 +21,7 @@ against the module given (tests/local/test_gpu_check.py runs it so). Exit status
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +33,13 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+
+import gpupool  # noqa: E402
+
+if importlib.util.find_spec("gpupool.scheduler") is None:
+    # a checkout that is not installed (a bare GPU machine): the layout keeps gpupool's subpackages
+    # scheduler/, hub_ext/, spawner/ and widgets/ at the top (pyproject's package-dir); find them there
+    gpupool.__path__.append(os.path.dirname(HERE))
 
 from gpupool import protocol as P  # noqa: E402
 from gpupool.backends import gpu_limits, nvml  # noqa: E402
