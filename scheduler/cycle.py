@@ -25,6 +25,7 @@ from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacem
                     Snapshot, Workload)
 from .placement import FirstFit, make_policy
 from .reasons import Code, Pending
+from .units import format_amount
 from .victims import lost_gpu_seconds
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
@@ -451,6 +452,8 @@ class Cycle:
             why = self._unentitled(w)
         if not why and not w.preemptible and w.phase == Phase.PENDING:
             why = self._nonpreemptible_blocked(w)
+        if not why and self.limited[w.queue] and w.phase == Phase.PENDING:
+            why = self._limit_blocked(w)
         if not why:
             why = self._hold(w, r)
         if why:
@@ -484,6 +487,25 @@ class Cycle:
         if amt > 0 and held + amt > deserved + EPS:
             return (f"queue {w.queue}'s deserved {deserved:g} GPUs are held by other non-preemptible work "
                     f"({held:g} GPUs), so it cannot bind")
+        return ""
+
+    def _limit_blocked(self, w: Workload) -> str:
+        """Why a holder can no longer bind for a limit of its queue or an ancestor (empty: it still
+        can): other work of that queue started meanwhile, and what stays of it (less what is being
+        released) leaves no room under the limit. Its reservation would only keep the capacity from
+        everyone until it times out."""
+        amt = self.amounts[w.id]
+        for q in self.tree.path(w.queue):
+            spec = self.tree.queues[q]
+            if not spec.limit:
+                continue
+            held = self.effective(q)
+            for i, res in enumerate(RESOURCES):
+                lim = spec.limit.get(res)
+                if lim is not None and amt[i] > 0 and held[i] + amt[i] > lim + EPS:
+                    return (f"queue {q}'s limit of {format_amount(res, lim)} leaves no room for "
+                            f"{format_amount(res, amt[i])} more: {format_amount(res, round(held[i], 2))} "
+                            f"of it stays in use")
         return ""
 
     def _hold(self, w: Workload, r: Reservation) -> str:

@@ -65,7 +65,8 @@ class _Entries:
             self.g_start.append(len(g_key))
             self.p_start.append(len(p_node))
             alone = (w.id in seen or ctx.now_t - r.since > timeout
-                     or (not w.preemptible and w.phase is pending and bool(ctx._nonpreemptible_blocked(w))))
+                     or (not w.preemptible and w.phase is pending and bool(ctx._nonpreemptible_blocked(w)))
+                     or (ctx.limited[w.queue] and w.phase is pending and bool(ctx._limit_blocked(w))))
             seen.add(w.id)
             if not alone:
                 cpu, mem = int(round(w.cpu * MILLI)), w.memory

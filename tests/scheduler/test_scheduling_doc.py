@@ -57,6 +57,8 @@ def check(result, expect: dict) -> None:
         assert text in str(result.pending[wid]), str(result.pending[wid])
     for wid, code in expect.get("reason_code", {}).items():
         assert result.pending[wid].code.value == code, str(result.pending[wid])
+    for wid, text in expect.get("dropped", {}).items():  # reservations dropped, with their reasons
+        assert text in result.dropped.get(wid, ""), result.dropped
     bound = {b.workload: b for b in result.binds}
     for wid, gpus in expect.get("gpus", {}).items():  # per pod: [node, [gpu ids]]
         assert [[p.node, list(p.gpus)] for p in bound[wid].placements] == gpus, bound[wid].placements
