@@ -717,14 +717,25 @@ class Cycle:
         """Why quota alone stops ``c`` now (None: quota allows it). ``freed``: GPUs that planned
         victims of its own queue will give back (priority preemption at a limit)."""
         w, amt = c.w, c.amount
-        for q in self.tree.path(w.queue) if self.limited[w.queue] else ():
-            spec = self.tree.queues[q]
-            for i, res in enumerate(RESOURCES):
-                lim = spec.limit.get(res)
-                used = self.alloc[q][i] - (freed if i == 0 else 0.0)
-                if lim is not None and amt[i] > 0 and used + amt[i] > lim + EPS:
-                    return Code.LIMIT, {"at": q, "resource": res, "limit": lim, "used": self.alloc[q][i],
-                                        "over": used + amt[i] - lim}
+        if self.limited[w.queue]:
+            # GPUs held for the queue's reservations count as used (KAI counts pipelined work in a
+            # queue's allocation): another workload of the queue does not take the room under the
+            # limit that a reclaim in motion counts on. A holder does not count its own claim.
+            own = self.amounts[w.id][0] if w.id in self.reservations else 0.0
+            for q in self.tree.path(w.queue):
+                spec = self.tree.queues[q]
+                for i, res in enumerate(RESOURCES):
+                    lim = spec.limit.get(res)
+                    if lim is None or amt[i] <= 0:
+                        continue
+                    held = self.reserved[q] - own if i == 0 else 0.0
+                    used = self.alloc[q][i] + held - (freed if i == 0 else 0.0)
+                    if used + amt[i] > lim + EPS:
+                        detail = {"at": q, "resource": res, "limit": lim, "used": self.alloc[q][i],
+                                  "over": used + amt[i] - lim}
+                        if held > EPS:
+                            detail["reserved"] = held
+                        return Code.LIMIT, detail
         if not w.preemptible:
             spec = self.tree.queues[w.queue]
             for i, res in enumerate(RESOURCES):

@@ -114,8 +114,10 @@ def _sentence(p: Pending) -> str:
     d, q = p.detail, p.queue
     c = p.code
     if c is Code.LIMIT:
+        held = (f", {_gpus(d['reserved'])} held for its workloads that wait for released capacity"
+                if d.get("reserved") else "")
         return (f"waiting: queue {d['at']} at its limit {format_amount(d['resource'], d['limit'])} "
-                f"({format_amount(d['resource'], d['used'])} in use)")
+                f"({format_amount(d['resource'], d['used'])} in use{held})")
     if c is Code.NON_PREEMPTIBLE:
         res = d["resource"]
         return (f"waiting: {d['kind']} workloads run only within the deserved quota: {q} deserves "

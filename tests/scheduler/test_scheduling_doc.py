@@ -95,8 +95,11 @@ def test_example(ex):
     result = sched.schedule(snap)
     check(result, ex["expect"])
     qmap = {q.name: q for q in snap.queues}
-    for i, step in enumerate(ex.get("then", [])):  # later cycles: releases and arrivals
+    for i, step in enumerate(ex.get("then", [])):  # later cycles: releases, arrivals, new quotas
         carry_out(snap, result)
+        if "queues" in step:  # an admin's edit, the service restarted with it
+            snap.queues = parse_queues(step["queues"])
+            qmap = {q.name: q for q in snap.queues}
         by = {w.id: w for w in snap.workloads}
         for name in step.get("released", []):
             w = by[name]
