@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 PYTEST_ARGS ?=
+# test workers (pytest-xdist; a test file runs on one worker, so module fixtures stay shared);
+# most tests wait on hubs, kernels and browsers, so two halve the suite's time on 2 cores
+TEST_WORKERS ?= 2
 
 .PHONY: test hub deps bench clean browser-deps prometheus-deps labextension
 
@@ -55,7 +58,7 @@ prometheus-deps:
 	  else echo "prometheus missing: sudo apt-get install prometheus (the DCGM tests will be skipped)"; fi; }
 
 test: deps browser-deps prometheus-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 hub: deps
 	$(VENV)/bin/gpupool hub --demo
