@@ -15,8 +15,16 @@ from gpupool_cli import GPUPOOL
 
 
 def free_port_block(n: int = 4, lo: int = 18700, hi: int = 18990) -> int:
-    """A base port with ``n`` consecutive free ports (the demo uses port .. port+3)."""
-    for base in range(lo + (os.getpid() % 50) * 4, hi, 4):
+    """A base port with ``n`` consecutive free ports (the demo uses port .. port+3). Each test
+    worker (pytest-xdist) looks in its own part of the range, so two demos that start at the same
+    moment never pick the same block between the check and the bind."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    k = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
+    span = (hi - lo) // workers // 4 * 4
+    lo, hi = lo + k * span, lo + (k + 1) * span
+    blocks = list(range(lo, hi - n + 1, 4))
+    start = os.getpid() % len(blocks)
+    for base in blocks[start:] + blocks[:start]:
         socks = []
         try:
             for p in range(base, base + n):
