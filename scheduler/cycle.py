@@ -720,7 +720,10 @@ class Cycle:
         if self.limited[w.queue]:
             # GPUs held for the queue's reservations count as used (KAI counts pipelined work in a
             # queue's allocation): another workload of the queue does not take the room under the
-            # limit that a reclaim in motion counts on. A holder does not count its own claim.
+            # limit that a reclaim in motion counts on. The limit holds now (what is allocated,
+            # releasing workloads included) and once the reservations bind (what stays, and what
+            # they hold: a workload moved by consolidation counts once). A holder does not count
+            # its own claim.
             own = self.amounts[w.id][0] if w.id in self.reservations else 0.0
             for q in self.tree.path(w.queue):
                 spec = self.tree.queues[q]
@@ -728,8 +731,13 @@ class Cycle:
                     lim = spec.limit.get(res)
                     if lim is None or amt[i] <= 0:
                         continue
-                    held = self.reserved[q] - own if i == 0 else 0.0
-                    used = self.alloc[q][i] + held - (freed if i == 0 else 0.0)
+                    held = 0.0
+                    used = self.alloc[q][i]
+                    if i == 0:
+                        held = self.reserved[q] - own
+                        if held > EPS:
+                            used = max(used, self.effective(q)[0] + held)
+                        used -= freed
                     if used + amt[i] > lim + EPS:
                         detail = {"at": q, "resource": res, "limit": lim, "used": self.alloc[q][i],
                                   "over": used + amt[i] - lim}
