@@ -60,7 +60,7 @@ def format_amount(resource: str, amount: float) -> str:
     """'4 GPUs', '0.5 GPU', '16 cores', '64Gi'."""
     if resource == "gpu":
         v = f"{amount:g}"
-        return f"{v} GPU" if amount <= 1 else f"{v} GPUs"
+        return f"{v} GPU" if 0 < amount <= 1 else f"{v} GPUs"
     if resource == "cpu":
         return f"{amount:g} cores"
     return format_bytes(amount)

@@ -51,6 +51,11 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             if room <= EPS:
                 _above_share(ctx, q, [c], shares)
             continue
+        if ctx.limited[q]:  # a plan made earlier in this action may have taken the room under a limit
+            block = ctx.quota_block(c)
+            if block is not None:
+                c.code, c.detail = block
+                continue
         if amt > room + EPS:
             # larger than the gap to its fair share: a queue below its guarantee may still run a
             # workload of the smallest size it asks for (once a cycle; the budget judges the move)

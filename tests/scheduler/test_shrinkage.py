@@ -108,7 +108,7 @@ def test_a_whole_victim_that_would_end_further_from_fair_is_kept():
     # queues further from their shares (vision 0 of 3.2) than now (nlp 0 of 0.8)
     text = str(pending)
     assert "belong to vision (4 GPUs, fair share 3.2 GPUs) as whole workloads of 4 GPUs" in text, text
-    assert "nlp holds 0 GPU of its fair share of 0.8 GPU" in text, text
+    assert "nlp holds 0 GPUs of its fair share of 0.8 GPU" in text, text
 
 
 def test_regress_a_small_reclaim_does_not_hand_a_large_victim_on():
