@@ -102,6 +102,17 @@ class ReclaimBudget(Budget):
         ctx = self.ctx
         return ctx.guar[aq] - ctx.effective(aq)[0] - ctx.reserved[aq]
 
+    def _refilled(self, aq: str, amt: float) -> bool:
+        """Would the reclaimer's side ``aq`` end above its fair share once what this plan frees
+        beyond the need (``amt`` more now) is lent on to it, as far as it wants more? Then a whole
+        victim that leaves its own side below its guarantee could come back by the fair-share rule
+        (its queue, below its guarantee, may reclaim a workload of its size)."""
+        ctx = self.ctx
+        mine = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+        freed = sum(self.gone.values()) + amt - self.amount
+        wants = max(0.0, ctx.demand_gpu[aq] - mine)
+        return mine + min(max(0.0, freed), wants) > ctx.fair[aq].get("gpu", 0.0) + EPS
+
     def candidate_side(self, queue: str) -> bool:
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
         _, over, held, guar, _, guaranteed, _ = self._side(queue)
@@ -139,7 +150,7 @@ class ReclaimBudget(Budget):
         if guaranteed and held - gone > guar + EPS:
             left = held - gone - amt
             if (left >= guar - EPS or guar - left <= self._short(aq) + EPS
-                    or not self.ctx.could_return(v, left, guar, self.taken)):
+                    or not (self.ctx.could_return(v, left, guar, self.taken) or self._refilled(aq, amt))):
                 # guarantee: take borrowed capacity back; a whole victim that takes its side below
                 # its guarantee by more than the reclaimer's side lacks only if it cannot come back
                 # by the same rule (it does not fit that guarantee, even with its queue's

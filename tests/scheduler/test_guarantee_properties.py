@@ -509,10 +509,9 @@ def test_regress_the_guarantee_rule_takes_no_gang_that_comes_back():
     assert not late_evictions(data, settle=550, seed=0)
 
 
-@pytest.mark.xfail(strict=True, reason="open stability bug: three sides reclaim from each other in a cycle")
 def test_regress_three_queues_do_not_reclaim_in_a_cycle():
-    """A steady state where p2 reclaims from p1 and q0, p1 takes q0's gang whole, and q0 takes
-    p2's job by the fair-share rule, every 15 s (the scenario's header)."""
+    """A steady state where p2 reclaimed from p1 and q0, p1 took q0's gang whole by the guarantee
+    rule, and q0 took p2's job by the fair-share rule, every 15 s (the scenario's header)."""
     assert not late_evictions(scenario_data("regress_three_queue_reclaim_cycle"), settle=430, seed=1)
 
 
