@@ -57,8 +57,8 @@ class ReclaimBudget(Budget):
     * guarantee: the reclaimer's side ends within its guarantee, and the victim's side still holds
       more than its own guarantee before this victim goes (only borrowed capacity is taken back,
       even if a whole gang must go); a victim that leaves its side further below its guarantee
-      than the reclaimer's side lacks now only if it could not come back by this rule
-      (``Cycle.could_return``);
+      than the reclaimer's side lacks now only if it could not come back, by this rule
+      (``Cycle.could_return``) or by the fair-share one (``_refilled``);
     * fair share: the victim's side is better off, relative to its fair share, than the
       reclaimer's side, and keeps its guarantee unless it holds more than its fair share. A plan
       with such a victim must bring the two sides closer to their fair shares: the sum of the
@@ -152,9 +152,10 @@ class ReclaimBudget(Budget):
             if (left >= guar - EPS or guar - left <= self._short(aq) + EPS
                     or not (self.ctx.could_return(v, left, guar, self.taken) or self._refilled(aq, amt))):
                 # guarantee: take borrowed capacity back; a whole victim that takes its side below
-                # its guarantee by more than the reclaimer's side lacks only if it cannot come back
-                # by the same rule (it does not fit that guarantee, even with its queue's
-                # lower-priority workloads preempted), else the two would trade it for ever
+                # its guarantee by more than the reclaimer's side lacks only if it cannot come back:
+                # it does not fit that guarantee, even with its queue's lower-priority workloads
+                # preempted, and the reclaimer's side does not end above its fair share once what
+                # the plan frees is lent on to it; else the queues would trade it for ever
                 return True
             self.refused = side
             self.why = {"holder": side, "held": held - gone, "fair": self.ctx.fair[side].get("gpu", 0.0),
