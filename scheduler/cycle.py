@@ -337,6 +337,7 @@ class Cycle:
         self.reserved: dict[str, float] = {n: 0.0 for n in names}
         self._over_vec: np.ndarray | None = None  # see over_all
         self._over_dirty: set[str] = set()
+        self._held: dict[str, float] = {}  # see held
         self._vnodes: dict[str, list[tuple[int, int]]] = {}
         self._vcost: dict[str, float] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
@@ -593,7 +594,9 @@ class Cycle:
     def _account(self, w: Workload, amt: Vec, sign: int) -> None:
         if self._over_vec is not None:
             self._over_dirty.update(self.tree.path(w.queue))
+        held = self._held
         for q in self.tree.path(w.queue):
+            held.pop(q, None)
             self.alloc[q] = _add(self.alloc[q], amt, sign)
             if not w.preemptible:
                 self.nonpre[q] = _add(self.nonpre[q], amt, sign)
@@ -601,14 +604,18 @@ class Cycle:
     def _claim(self, queue: str, amount: float) -> None:
         if self._over_vec is not None:
             self._over_dirty.update(self.tree.path(queue))
+        held = self._held
         for q in self.tree.path(queue):
+            held.pop(q, None)
             self.reserved[q] += amount
 
     def _evict(self, v: Workload, ev: Evict, sign: int) -> None:
         amt = self.amounts[v.id]
         if self._over_vec is not None:
             self._over_dirty.update(self.tree.path(v.queue))
+        held = self._held
         for q in self.tree.path(v.queue):
+            held.pop(q, None)
             self.releasing[q] = _add(self.releasing[q], amt, sign)
         if sign > 0:
             self.evicted.add(v.id)
@@ -622,10 +629,18 @@ class Cycle:
         """Held and staying: allocation less what is being released."""
         return _add(self.alloc[q], self.releasing[q], -1)
 
+    def held(self, q: str) -> float:
+        """GPUs held and staying plus those reserved for its pending workloads (``effective``'s
+        GPUs plus ``reserved``), kept until the queue's sums change."""
+        h = self._held.get(q)
+        if h is None:
+            h = self._held[q] = (self.alloc[q][0] - self.releasing[q][0]) + self.reserved[q]
+        return h
+
     def over(self, q: str, extra: float = 0.0) -> float:
         """GPUs above fair share (negative: below), counting room reserved for its pending
         workloads that wait for preempted ones to release."""
-        return self.effective(q)[0] + self.reserved[q] + extra - self.fair[q].get("gpu", 0.0)
+        return self.held(q) + extra - self.fair[q].get("gpu", 0.0)
 
     def over_all(self) -> np.ndarray:
         """``over`` of every queue, in ``tree.queues`` order (the same numbers: queues whose sums
@@ -955,13 +970,13 @@ def queue_order(ctx: Cycle) -> Callable[[str, float], tuple]:
     reclaimer first, never the victim."""
     const = {x: (ctx.guar[x] + EPS, ctx.fair[x].get("gpu", 0.0), -spec.priority)
              for x, spec in ctx.tree.queues.items()}
-    alloc, releasing, reserved = ctx.alloc, ctx.releasing, ctx.reserved
+    held_of = ctx.held
 
     def key(q: str, amount: float) -> tuple:
         out = []
         for x in ctx.tree.path(q):
             deserved, fair, prio = const[x]
-            held = alloc[x][0] - releasing[x][0] + reserved[x]  # == ctx.effective(x)[0] + reserved
+            held = held_of(x)
             out.append((held + amount > deserved, held - fair, prio, x))
         return tuple(out)
     return key

@@ -373,6 +373,7 @@ class DefaultPlacement(_FragPolicy):
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
         self._pressure_ref = None
+        self._beta_nodes = None  # the nodes the stranded-capacity weight was worked out for
         if self.model is not None:
             self.model.measure = "hybrid"
             self.model.beta = 0.0
@@ -400,7 +401,10 @@ class DefaultPlacement(_FragPolicy):
         return float(np.clip(((c / g) / (ccap / gcap) - lo) / (hi - lo), floor, 1.0))
 
     def choose(self, state, req, mask=None):
-        if self.model is not None and state.nodes is not self.model._nodes_ref:
+        if self.model is not None and state.nodes is not self._beta_nodes:
+            # the weight depends on the nodes and the shapes alone: once per node list (a choose
+            # that finds no node never binds the tables to the nodes)
+            self._beta_nodes = state.nodes
             beta = self._cpu_beta(state)
             if beta != self.model.beta:
                 self.model.beta = beta

@@ -91,10 +91,9 @@ class ReclaimBudget(Budget):
         if hit is None:
             ctx = self.ctx
             aq, ap = ctx.tree.split(self.reclaimer, queue)
-            held_q = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+            held_q = ctx.held(aq) + self.amount
             hit = self.sides[queue] = (
-                ap, ctx.over(ap), ctx.effective(ap)[0] + ctx.reserved[ap], ctx.guar[ap], ctx.over(aq),
-                held_q <= ctx.guar[aq] + EPS, aq)
+                ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], ctx.over(aq), held_q <= ctx.guar[aq] + EPS, aq)
         return hit
 
     def _short(self, aq: str) -> float:
@@ -108,7 +107,7 @@ class ReclaimBudget(Budget):
         victim that leaves its own side below its guarantee could come back by the fair-share rule
         (its queue, below its guarantee, may reclaim a workload of its size)."""
         ctx = self.ctx
-        mine = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+        mine = ctx.held(aq) + self.amount
         freed = sum(self.gone.values()) + amt - self.amount
         wants = max(0.0, ctx.demand_gpu[aq] - mine)
         return mine + min(max(0.0, freed), wants) > ctx.fair[aq].get("gpu", 0.0) + EPS
@@ -121,22 +120,40 @@ class ReclaimBudget(Budget):
     def candidate_queues(self, queues: Iterable[str]) -> set[str]:
         """The queues among ``queues``, the reclaimer's own left out, that ``candidate_side``
         admits. Queues whose ancestries part from the reclaimer's at the same place share a side,
-        so each sibling subtree along the reclaimer's path is judged once."""
-        tree, r = self.ctx.tree, self.reclaimer
-        among = set(queues)
+        so each sibling subtree along the reclaimer's path is judged once (the grouping is kept
+        for the cycle, per reclaimer and ``queues`` object)."""
         out: set[str] = set()
+        groups, alone = self._groups(queues)
+        for members, one in groups:
+            if self.candidate_side(one):
+                out |= members
+        for q in alone:
+            if self.candidate_side(q):
+                out.add(q)
+        return out
+
+    def _groups(self, queues: Iterable[str]) -> tuple[list[tuple[set[str], str]], list[str]]:
+        """``queues`` split into sides of the reclaimer: (members, one of them) per sibling subtree
+        along its path, and the reclaimer's ancestors and descendants among them (queues that hold
+        workloads themselves, each its own side)."""
+        ctx, r = self.ctx, self.reclaimer
+        memo = ctx.cache.setdefault("reclaim-sides", {})
+        hit = memo.get((r, id(queues)))
+        if hit is not None and hit[0] is queues:
+            return hit[1], hit[2]
+        tree = ctx.tree
+        among = set(queues)
+        groups: list[tuple[set[str], str]] = []
         path = tree.path(r)
         for i, mine in enumerate(path):
             for s in tree.children.get(path[i - 1] if i else None, ()):
                 if s.name != mine:
                     members = tree.subtree(s.name) & among
-                    if members and self.candidate_side(next(iter(members))):
-                        out |= members
-        # the reclaimer's ancestors and descendants (queues that hold workloads themselves)
-        for q in (set(path) | tree.subtree(r)) & among:
-            if q != r and self.candidate_side(q):
-                out.add(q)
-        return out
+                    if members:
+                        groups.append((members, next(iter(members))))
+        alone = sorted(q for q in (set(path) | tree.subtree(r)) & among if q != r)
+        memo[r, id(queues)] = (queues, groups, alone)  # ``queues`` kept: its id is not reused meanwhile
+        return groups, alone
 
     def reset(self) -> None:
         self.gone.clear()
@@ -199,14 +216,14 @@ class ReclaimBudget(Budget):
             smallest[side] = min(smallest.get(side, amt), amt)
         ctx = self.ctx
         for aq, taken in levels.items():
-            mine = ctx.effective(aq)[0] + ctx.reserved[aq] + self.amount
+            mine = ctx.held(aq) + self.amount
             if mine > ctx.guar[aq] + EPS:
                 # the reclaimer's side ends above its guarantee: a victim side this plan takes below
                 # its own guarantee, far enough that one of its victims fits back within it, would
                 # take that victim back by the guarantee rule (and the whole workloads that rule
                 # may take, with it): capacity would move back and forth for ever
                 for side, amt in taken.items():
-                    left = ctx.effective(side)[0] + ctx.reserved[side] - amt
+                    left = ctx.held(side) - amt
                     if left + smallest[side] <= ctx.guar[side] + EPS:
                         self.refused = side
                         self.why = {"holder": side, "held": left + amt, "fair": ctx.fair[side].get("gpu", 0.0),
@@ -225,7 +242,7 @@ class ReclaimBudget(Budget):
             if change >= -EPS:
                 self.refused = next(iter(taken))
                 side = self.refused
-                self.why = {"holder": side, "held": self.ctx.effective(side)[0] + self.ctx.reserved[side],
+                self.why = {"holder": side, "held": self.ctx.held(side),
                             "fair": self.ctx.fair[side].get("gpu", 0.0), "guarantee": self.ctx.guar[side],
                             "rule": "whole", "taken": taken[side]}
                 return False
@@ -411,6 +428,9 @@ class _VictimIndex:
             self.starts = np.zeros(0, dtype=np.int64)
         self.nodes = cols[self.starts]
         self.run = np.repeat(np.arange(len(self.starts)), np.diff(np.append(self.starts, len(cols))))
+        self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
+        self.queue_l = self.queue.tolist()
+        self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
 
 
 def _index(ctx: Cycle) -> _VictimIndex:
@@ -420,44 +440,67 @@ def _index(ctx: Cycle) -> _VictimIndex:
     return idx
 
 
+def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
+    """What ``_nodes_from_index`` needs of the index for one set of candidate queues, whatever
+    the state (kept for the cycle: reclaimers of one side ask for the same queues again): which
+    entries are theirs, the GPU milli they hold per node, the least work one of their victims
+    loses per node (and rounded as plans' costs are), their entries that hold GPUs, and per entry
+    what the node's earlier entries of theirs hold (as lists: read node by node)."""
+    key = frozenset(queues)
+    hit = idx.views.get(key)
+    if hit is None:
+        sel = np.zeros(len(idx.qn), dtype=bool)
+        sel[[idx.qn[q] for q in queues]] = True
+        mine = sel[idx.queue]
+        mine_milli = np.where(mine, idx.milli, 0)
+        before = np.cumsum(mine_milli) - mine_milli
+        before -= before[idx.starts][idx.run]
+        least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
+        hit = idx.views[key] = (
+            mine, np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), mine & (idx.milli > 0),
+            mine.tolist(), before.tolist())
+    return hit
+
+
 def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, free: np.ndarray):
     """Nodes worth planning on, with a lower bound on a plan's cost there, best first: the least
-    work one victim of ``queues`` there loses, one victim, the most over-quota queue there."""
+    work one victim of ``queues`` there loses, one victim, the most over-quota queue there; and a
+    function that gives a tighter bound (worked out only for the nodes it is asked for)."""
     idx = _index(ctx)
     if not idx.nodes.size:
         return
     fut = ctx.future
-    excess = np.full(len(idx.qn), -np.inf)
-    rows = [idx.qn[q] for q in queues]
-    excess[rows] = ctx.over_all()[rows]
-    mine = excess[idx.queue] > -np.inf  # entries of ``queues`` (an over-quota excess is finite)
-    mine_milli = np.where(mine, idx.milli, 0)
-    room = np.add.reduceat(mine_milli, idx.starts)
+    mine, room, least, rounded, holding, mine_l, before_l = _queue_view(idx, queues)
     nodes = idx.nodes
-    ok = (room > 0) & (free[nodes] + room >= need) & fut.schedulable[nodes]
+    free_n = free[nodes]
+    ok = (room > 0) & (free_n + room >= need) & fut.schedulable[nodes]
     if c.mask is not None:
         ok &= c.mask[nodes]
     if not ok.any():
         return
-    least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
-    lost = np.round(least[ok], 6)
-    most = np.maximum.reduceat(np.where(mine & (idx.milli > 0), excess[idx.queue], -np.inf), idx.starts)[ok]
-    # a tighter bound, per node: at least the fewest victims (largest first) that free what is
-    # short there, each losing at least the least work one loses there (less a hair: a sum of
-    # costs may round below that many times the least)
-    before = np.cumsum(mine_milli) - mine_milli  # what the node's earlier entries hold
-    before -= before[idx.starts][idx.run]
-    short = need - free[nodes]
-    fewest = np.maximum(np.add.reduceat(mine & (before < short[idx.run]), idx.starts), 1)[ok]
-    least_lost = np.round(fewest * least[ok] - 1e-7, 6)
-    most_any = np.maximum.reduceat(np.where(mine, excess[idx.queue], -np.inf), idx.starts)[ok]
+    over = ctx.over_all()  # over-quota GPUs per queue (finite)
+    lost = rounded[ok]
+    most = np.maximum.reduceat(np.where(holding, over[idx.queue], -np.inf), idx.starts)[ok]
+    runs = np.flatnonzero(ok)
     cand = nodes[ok]
     per_node, evicted = idx.per_node, ctx.evicted
+    ov = over.tolist()
+
+    def tighter(j: int) -> tuple:
+        """At least the fewest victims (largest first) that free what is short on the node, each
+        losing at least the least work one loses there (less a hair: a sum of costs may round
+        below that many times the least); one victim; the most over-quota queue there."""
+        lo, hi = idx.bounds[j]
+        short = need - int(free_n[j])
+        fewest = max(sum(1 for e in range(lo, hi) if mine_l[e] and before_l[e] < short), 1)
+        most_any = max(ov[idx.queue_l[e]] for e in range(lo, hi) if mine_l[e])
+        return (float(np.round(fewest * float(least[j]) - 1e-7, 6)), fewest, -most_any)
+
     for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
         n = int(cand[i])
         yield ((float(lost[i]), 1, -float(most[i])), n,
                [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in evicted],
-               (float(least_lost[i]), int(fewest[i]), -float(most_any[i])))
+               lambda j=int(runs[i]): tighter(j))
 
 
 def _nodes_from_list(ctx: Cycle, c: Candidate, victims: list[Workload], need: int, free: np.ndarray):
@@ -509,8 +552,10 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
         if best is not None:
             if bound >= best[0][:3]:
                 break  # no node left can beat the best plan
-            if tighter and (tighter[0] > best[0][:3] or (tighter[0] == best[0][:3] and n > best[2])):
-                continue  # nor can this one (a plan's cost ties break by node)
+            if tighter:
+                tight = tighter[0]()
+                if tight > best[0][:3] or (tight == best[0][:3] and n > best[2]):
+                    continue  # nor can this one (a plan's cost ties break by node)
         if not vs or sum(m for _, m in vs) + int(free[n]) < need:
             continue
         if judge is not None:

@@ -23,7 +23,7 @@ def entitled(ctx: Cycle, c: Candidate) -> bool:
     guarantee)?"""
     amt = c.amount[0]
     for x in ctx.tree.path(c.w.queue):
-        if ctx.effective(x)[0] + ctx.reserved[x] + amt > ctx.fair[x].get("gpu", 0.0) + EPS:
+        if ctx.held(x) + amt > ctx.fair[x].get("gpu", 0.0) + EPS:
             return False
     return True
 

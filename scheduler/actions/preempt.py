@@ -32,7 +32,7 @@ def _limit_need(ctx: Cycle, c: Candidate) -> float | None:
     for q in ctx.tree.path(c.w.queue):
         lim = ctx.tree.queues[q].limit.get("gpu")
         if lim is not None:
-            need = max(need, ctx.effective(q)[0] + ctx.reserved[q] + amt - lim)
+            need = max(need, ctx.held(q) + amt - lim)
     if ctx.quota_block(c, freed=float("inf")) is not None:
         return None
     return need
@@ -127,7 +127,7 @@ def _combined(ctx: Cycle, c: Candidate, own: list[Workload]) -> bool:
         found = None
         # only within its guarantee once its own victims are gone: a borrower swapping by priority
         # takes no other borrower's GPUs (two borrowing queues would take them back and forth)
-        if ctx.effective(w.queue)[0] + ctx.reserved[w.queue] + amt <= ctx.guar[w.queue] + EPS:
+        if ctx.held(w.queue) + amt <= ctx.guar[w.queue] + EPS:
             budget = ReclaimBudget(ctx, w.queue, amt)
             sides = {v.queue for v in others if budget.candidate_side(v.queue)}
             found = plan(ctx, c, None, budget, queues=sides) if sides else None

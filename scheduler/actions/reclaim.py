@@ -60,7 +60,7 @@ def reclaim(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
             # larger than the gap to its fair share: a queue below its guarantee may still run a
             # workload of the smallest size it asks for (once a cycle; the budget judges the move)
             if (q in overshot or amt > smallest[q] + EPS
-                    or ctx.effective(q)[0] + ctx.reserved[q] >= ctx.guar[q] - EPS):
+                    or ctx.held(q) >= ctx.guar[q] - EPS):
                 _above_share(ctx, q, [c], shares)
                 continue
             overshot.add(q)
@@ -113,7 +113,7 @@ def _above_share(ctx: Cycle, q: str, cands: list[Candidate], shares: dict[str, t
     their queue above its fair share (for a plain capacity shortage; other reasons stay).
     ``shares`` caches the numbers per queue for the action."""
     if q not in shares:
-        held, fair = ctx.effective(q)[0] + ctx.reserved[q], ctx.fair[q].get("gpu", 0.0)
+        held, fair = ctx.held(q), ctx.fair[q].get("gpu", 0.0)
         detail = None if held <= EPS and fair <= EPS else {
             "held": held, "fair": fair, "overcommitted": fair + EPS < ctx.tree.queues[q].deserved.get("gpu", 0.0)}
         code = Code.FAIR_SHARE
@@ -141,7 +141,7 @@ def _why_not(ctx: Cycle, c: Candidate, budget: ReclaimBudget, sides: set[str],
     """The reason a reclaim found no victims, when there is one more precise than capacity."""
     if budget.refused:
         q = c.w.queue
-        return Code.RECLAIM_REFUSED, {**c.detail, **budget.why, "queue_held": ctx.effective(q)[0] + ctx.reserved[q],
+        return Code.RECLAIM_REFUSED, {**c.detail, **budget.why, "queue_held": ctx.held(q),
                                       "queue_fair": ctx.fair[q].get("gpu", 0.0)}
     young = [v for v in protected if v.queue != c.w.queue and budget.candidate_side(v.queue)]
     if not young:
