@@ -215,6 +215,7 @@ class PooledCycle:
                     cands = [w for w in cands if w.id not in settled]
                     if not cands:
                         continue
+                    ctx.hold_new_reservations()  # round 0's plans: nobody binds into their room
                 sched.act(ctx, cands)
                 waiting = ctx.result.pending
                 for w in cands:
