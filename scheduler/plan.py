@@ -430,6 +430,8 @@ class _VictimIndex:
         self.run = np.repeat(np.arange(len(self.starts)), np.diff(np.append(self.starts, len(cols))))
         self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
         self.queue_l = self.queue.tolist()
+        self.milli_l = self.milli.tolist()
+        self.cost_l = self.cost.tolist()
         self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
 
 
@@ -485,16 +487,28 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     cand = nodes[ok]
     per_node, evicted = idx.per_node, ctx.evicted
     ov = over.tolist()
+    queue_l, milli_l, cost_l = idx.queue_l, idx.milli_l, idx.cost_l
 
     def tighter(j: int) -> tuple:
         """At least the fewest victims (largest first) that free what is short on the node, each
         losing at least the least work one loses there (less a hair: a sum of costs may round
-        below that many times the least); one victim; the most over-quota queue there."""
+        below that many times the least); then the most over-quota queue there (of one victim
+        alone: among those that could make such a plan)."""
         lo, hi = idx.bounds[j]
         short = need - int(free_n[j])
         fewest = max(sum(1 for e in range(lo, hi) if mine_l[e] and before_l[e] < short), 1)
-        most_any = max(ov[idx.queue_l[e]] for e in range(lo, hi) if mine_l[e])
-        return (round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6, fewest, -most_any)  # == np.round(x, 6)
+        lost = round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6  # == np.round(x, 6)
+        if fewest == 1:
+            # a plan that ties this bound's first two places takes one victim that frees enough
+            # here on its own and loses the least work (within the rounding of a plan's cost): the
+            # third place is the most over-quota queue among those; any other plan loses more or
+            # takes more victims, so ranks behind the bound whatever its third place
+            top = least[j] + 1e-6
+            most = max((ov[queue_l[e]] for e in range(lo, hi)
+                        if mine_l[e] and milli_l[e] >= short and cost_l[e] < top), default=None)
+            return (lost, 1, -most if most is not None else float("inf"))
+        most_any = max(ov[queue_l[e]] for e in range(lo, hi) if mine_l[e])
+        return (lost, fewest, -most_any)
 
     for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
         n = int(cand[i])
