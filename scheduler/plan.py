@@ -427,7 +427,6 @@ class _VictimIndex:
         else:
             self.starts = np.zeros(0, dtype=np.int64)
         self.nodes = cols[self.starts]
-        self.run = np.repeat(np.arange(len(self.starts)), np.diff(np.append(self.starts, len(cols))))
         self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
         self.queue_l = self.queue.tolist()
         self.milli_l = self.milli.tolist()
@@ -446,8 +445,8 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
     """What ``_nodes_from_index`` needs of the index for one set of candidate queues, whatever
     the state (kept for the cycle: reclaimers of one side ask for the same queues again): which
     entries are theirs, the GPU milli they hold per node, the least work one of their victims
-    loses per node (and rounded as plans' costs are), their entries that hold GPUs, and per entry
-    what the node's earlier entries of theirs hold (as lists: read node by node)."""
+    loses per node (and rounded as plans' costs are), their entries that hold GPUs, and which
+    queues are theirs (a list by queue number: read entry by entry, node by node)."""
     key = frozenset(queues)
     hit = idx.views.get(key)
     if hit is None:
@@ -455,12 +454,10 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
         sel[[idx.qn[q] for q in queues]] = True
         mine = sel[idx.queue]
         mine_milli = np.where(mine, idx.milli, 0)
-        before = np.cumsum(mine_milli) - mine_milli
-        before -= before[idx.starts][idx.run]
         least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
         hit = idx.views[key] = (
             mine, np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), mine & (idx.milli > 0),
-            mine.tolist(), before.tolist())
+            sel.tolist())
     return hit
 
 
@@ -472,7 +469,7 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     if not idx.nodes.size:
         return
     fut = ctx.future
-    mine, room, least, rounded, holding, mine_l, before_l = _queue_view(idx, queues)
+    mine, room, least, rounded, holding, theirs = _queue_view(idx, queues)
     nodes = idx.nodes
     free_n = free[nodes]
     ok = (room > 0) & (free_n + room >= need) & fut.schedulable[nodes]
@@ -496,7 +493,14 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         alone: among those that could make such a plan)."""
         lo, hi = idx.bounds[j]
         short = need - int(free_n[j])
-        fewest = max(sum(1 for e in range(lo, hi) if mine_l[e] and before_l[e] < short), 1)
+        mine_e = [e for e in range(lo, hi) if theirs[queue_l[e]]]  # largest first
+        fewest, freed = 0, 0
+        for e in mine_e:
+            if freed >= short:
+                break
+            fewest += 1
+            freed += milli_l[e]
+        fewest = max(fewest, 1)
         lost = round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6  # == np.round(x, 6)
         if fewest == 1:
             # a plan that ties this bound's first two places takes one victim that frees enough
@@ -504,10 +508,9 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
             # third place is the most over-quota queue among those; any other plan loses more or
             # takes more victims, so ranks behind the bound whatever its third place
             top = least[j] + 1e-6
-            most = max((ov[queue_l[e]] for e in range(lo, hi)
-                        if mine_l[e] and milli_l[e] >= short and cost_l[e] < top), default=None)
+            most = max((ov[queue_l[e]] for e in mine_e if milli_l[e] >= short and cost_l[e] < top), default=None)
             return (lost, 1, -most if most is not None else float("inf"))
-        most_any = max(ov[queue_l[e]] for e in range(lo, hi) if mine_l[e])
+        most_any = max(ov[queue_l[e]] for e in mine_e)
         return (lost, fewest, -most_any)
 
     for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
