@@ -471,7 +471,7 @@ class Cycle:
         queue's reserved GPUs, if not ``self.reserved``'s (intake judging a run ahead)."""
         amt = self.amounts[w.id][0]
         q = w.queue
-        held = self.effective(q)[0] + (self.reserved[q] if reserved is None else reserved)
+        held = self.held(q) if reserved is None else self.effective(q)[0] + reserved
         fair = self.fair[q].get("gpu", 0.0)
         if held >= fair - EPS and held + amt > fair + EPS:
             return (f"queue {q} holds {held:g} GPUs without it, its fair share of {fair:g}, "
@@ -601,31 +601,30 @@ class Cycle:
             amt = self._pending_amounts[key] = (gpu, cpu * pods, float(memory * pods))
         return amt
 
-    def _account(self, w: Workload, amt: Vec, sign: int) -> None:
-        if self._over_vec is not None:
-            self._over_dirty.update(self.tree.path(w.queue))
+    def _changing(self, queue: str) -> tuple[str, ...]:
+        """The path of ``queue``, whose sums the caller is about to change: what is kept of them
+        (``held``, ``over_all``) is dropped for each queue on it."""
+        path = self.tree.path(queue)
         held = self._held
-        for q in self.tree.path(w.queue):
+        for q in path:
             held.pop(q, None)
+        if self._over_vec is not None:
+            self._over_dirty.update(path)
+        return path
+
+    def _account(self, w: Workload, amt: Vec, sign: int) -> None:
+        for q in self._changing(w.queue):
             self.alloc[q] = _add(self.alloc[q], amt, sign)
             if not w.preemptible:
                 self.nonpre[q] = _add(self.nonpre[q], amt, sign)
 
     def _claim(self, queue: str, amount: float) -> None:
-        if self._over_vec is not None:
-            self._over_dirty.update(self.tree.path(queue))
-        held = self._held
-        for q in self.tree.path(queue):
-            held.pop(q, None)
+        for q in self._changing(queue):
             self.reserved[q] += amount
 
     def _evict(self, v: Workload, ev: Evict, sign: int) -> None:
         amt = self.amounts[v.id]
-        if self._over_vec is not None:
-            self._over_dirty.update(self.tree.path(v.queue))
-        held = self._held
-        for q in self.tree.path(v.queue):
-            held.pop(q, None)
+        for q in self._changing(v.queue):
             self.releasing[q] = _add(self.releasing[q], amt, sign)
         if sign > 0:
             self.evicted.add(v.id)
