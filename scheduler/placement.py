@@ -16,7 +16,8 @@ any); weights are relative arrival frequencies. ``typical_shapes()`` derives the
 requests the way the FGD paper does. Policies:
 
 * ``default``: what the live scheduler uses. FGD with CPU/memory-aware fragmentation (GPU capacity
-  stranded by CPU counts a little, fully when the workload is CPU-hungry), GPU models oversubscribed by
+  stranded by CPU counts a little, fully when the workload is CPU-hungry), each GPU's expected waste
+  (what the frequent shapes that fit its remainder would leave), GPU models oversubscribed by
   model-constrained shapes kept for those, the paper's coarse scores, ties to nodes already in use
   and then a fixed node order (consolidation); the exact fragmentation decrease picks the GPU
   within a node. Without shapes: a normalised best fit.
@@ -355,10 +356,11 @@ class FGD(_FragPolicy):
 
 
 class DefaultPlacement(_FragPolicy):
-    """The live scheduler's policy: FGD with memory-aware fragmentation, scored in the paper's
-    coarse buckets; GPU pods steer clear of GPU models that model-constrained shapes oversubscribe;
-    ties to nodes already in use and then a fixed node order; within a node the exact
-    fragmentation decrease picks the GPU (then the tightest). See docs/placement.md."""
+    """The live scheduler's policy: FGD with memory-aware fragmentation plus each GPU's expected
+    waste (``waste_weight``, see ``fragmentation.waste_table``), scored in the paper's coarse
+    buckets; GPU pods steer clear of GPU models that model-constrained shapes oversubscribe; ties
+    to nodes already in use and then a fixed node order; within a node the exact fragmentation
+    decrease picks the GPU (then the tightest). See docs/placement.md."""
 
     name = "default"
     use_memory = True
@@ -369,6 +371,7 @@ class DefaultPlacement(_FragPolicy):
 
     cpu_tight = (0.9, 1.0)  # CPU demand/supply ratio where stranded GPU capacity rises from the floor / fully counts
     cpu_floor = 0.1  # weight of stranded GPU capacity while CPU is plentiful cluster-wide
+    waste_weight = 12.0  # weight of each GPU's expected waste (FragModel.waste_weight) while CPU is plentiful
 
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
@@ -378,7 +381,15 @@ class DefaultPlacement(_FragPolicy):
             self.model.measure = "hybrid"
             self.model.beta = 0.0
 
-    def _cpu_beta(self, state) -> float:
+    def _weights(self, state) -> tuple[float, float]:
+        """(stranded-capacity weight, expected-waste weight) for these nodes; see ``_cpu_beta``.
+        The expected waste looks at GPU remainders alone, so it fades out as CPU gets as scarce as
+        GPUs (``waste_weight`` x (1 - the ramp of ``cpu_tight``)): there the stranded capacity
+        counts fully and decides (cpu250: 0.4 points lower with the full weight, unchanged with it faded)."""
+        beta, tight = self._cpu_beta(state, with_tightness=True)
+        return beta, self.waste_weight * (1.0 - tight)
+
+    def _cpu_beta(self, state, with_tightness: bool = False):
         """How much GPU capacity stranded by CPU/memory counts as fragment: a floor while the
         workload's CPU per GPU is well below the cluster's, rising to 1 when CPU is as scarce as
         GPUs; 0 when no node tracks CPU.
@@ -395,20 +406,22 @@ class DefaultPlacement(_FragPolicy):
         g = sum(w * max(r.num_gpus, 0) * (r.milli or MILLI) for r, w, _ in self.model.shapes)
         c = sum(w * r.cpu_milli for r, w, _ in self.model.shapes)
         if gcap <= 0 or ccap <= 0 or g <= 0:
-            return 0.0
+            return (0.0, 0.0) if with_tightness else 0.0
         lo, hi = self.cpu_tight
+        ramp = ((c / g) / (ccap / gcap) - lo) / (hi - lo)
         floor = self.cpu_floor * max(0.0, 1.0 - float(self._model_pressure(state).max(initial=0.0)))
-        return float(np.clip(((c / g) / (ccap / gcap) - lo) / (hi - lo), floor, 1.0))
+        beta = float(np.clip(ramp, floor, 1.0))
+        return (beta, float(np.clip(ramp, 0.0, 1.0))) if with_tightness else beta
 
     def choose(self, state, req, mask=None):
         if self.model is not None and state.nodes is not self._beta_nodes:
             # the weight depends on the nodes and the shapes alone: once per node list (a choose
             # that finds no node never binds the tables to the nodes)
             self._beta_nodes = state.nodes
-            beta = self._cpu_beta(state)
-            if beta != self.model.beta:
-                self.model.beta = beta
-                self.model._sig = None  # re-derive every node's tables with the new weight
+            beta, waste = self._weights(state)
+            if beta != self.model.beta or waste != self.model.waste_weight:
+                self.model.beta, self.model.waste_weight = beta, waste
+                self.model._sig = None  # re-derive every node's tables with the new weights
         return super().choose(state, req, mask)
 
     def _fallback(self, seed):
