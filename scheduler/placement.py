@@ -371,7 +371,7 @@ class DefaultPlacement(_FragPolicy):
 
     cpu_tight = (0.9, 1.0)  # CPU demand/supply ratio where stranded GPU capacity rises from the floor / fully counts
     cpu_floor = 0.1  # weight of stranded GPU capacity while CPU is plentiful cluster-wide
-    waste_weight = 12.0  # weight of each GPU's expected waste (FragModel.waste_weight) while CPU is plentiful
+    waste_weight = 16.0  # weight of each GPU's expected waste (FragModel.waste_weight) while CPU is plentiful
 
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
