@@ -562,6 +562,16 @@ class Cycle:
         self.holds[w.id] = holds
         self._held_all = None
 
+    def hold_new_reservations(self) -> None:
+        """Hold in the now view what is idle of the reservations made since intake, as the next
+        cycle's intake will: a later round of this cycle (node pools) allocates on the now view
+        and must not bind into the room a plan counts on."""
+        for wid, r in self.reservations.items():
+            if wid not in self.holds and r.bound_at is None:
+                w = self.by_id.get(wid)
+                if w is not None and w.phase is Phase.PENDING:
+                    self._hold_now(w, r.placements)
+
     def reservation_for(self, c: Candidate, placements: tuple[PodPlacement, ...], code: Code,
                         **detail) -> Reservation:
         return Reservation(c.w.id, placements, code, self.now_t, detail)

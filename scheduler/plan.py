@@ -494,7 +494,7 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         short = need - int(free_n[j])
         fewest = max(sum(1 for e in range(lo, hi) if mine_l[e] and before_l[e] < short), 1)
         most_any = max(ov[idx.queue_l[e]] for e in range(lo, hi) if mine_l[e])
-        return (float(np.round(fewest * float(least[j]) - 1e-7, 6)), fewest, -most_any)
+        return (round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6, fewest, -most_any)  # == np.round(x, 6)
 
     for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
         n = int(cand[i])

@@ -192,16 +192,30 @@ class PooledCycle:
                 e[2] += k * a[2]
             sub = Snapshot(snap.now, self.nodes[p], self.queues[p], [*held[p], *mine[p]], reservations[p])
             ctxs[p] = sched.start(sub, snap.usage.get(p), {q: tuple(v) for q, v in extra.items()}, pool=p)
-        every = {p: list(ctxs[p].pending) for p in self.pools}  # before a round narrows ctx.pending
+        # each pool's candidates per round, in its context's order (read before a round narrows
+        # ctx.pending)
+        rounds: dict[str, tuple[list[Workload], list[Workload]]] = {}
+        for p in self.pools:
+            r0: list[Workload] = []
+            r1: list[Workload] = []
+            for w in ctxs[p].pending:
+                t = tries[w.id]
+                if t[0] == p:
+                    r0.append(w)
+                elif len(t) > 1 and t[1] == p:
+                    r1.append(w)
+            rounds[p] = (r0, r1)
         settled: dict[str, str] = {}  # bound, or with a plan in motion: where
         first: dict[str, Pending] = {}  # the reason each workload's first try gave
         for rnd in (0, 1):
             for p in self.pools:
                 ctx = ctxs[p]
-                cands = [w for w in every[p] if len(tries[w.id]) > rnd and tries[w.id][rnd] == p
-                         and w.id not in settled]
-                if rnd and not cands:
-                    continue
+                cands = rounds[p][rnd]
+                if rnd:
+                    cands = [w for w in cands if w.id not in settled]
+                    if not cands:
+                        continue
+                    ctx.hold_new_reservations()  # round 0's plans: nobody binds into their room
                 sched.act(ctx, cands)
                 waiting = ctx.result.pending
                 for w in cands:

@@ -381,9 +381,9 @@ class Sweep:
     def best(self) -> BestTrial | None:
         """The best completed trial: params, value and its job (None until one completed)."""
         import optuna
-        if self._discarded is not None:
-            return None
-        with self._lock:
+        with self._lock:  # the discard step deletes the study while holding the lock
+            if self._discarded is not None:
+                return None
             complete = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if not complete:
             return None
@@ -398,9 +398,9 @@ class Sweep:
     @property
     def trials(self):
         """All trials as a table: a pandas DataFrame when pandas is installed, else a TrialTable."""
-        if self._discarded is not None:
-            return TrialTable(["number", "state", "value"], [])
         with self._lock:
+            if self._discarded is not None:
+                return TrialTable(["number", "state", "value"], [])
             frozen = self.study.get_trials(deepcopy=True)
         rows = []
         for t in frozen:
@@ -420,15 +420,17 @@ class Sweep:
             cols = ["number", "state", "value"] + [f"params_{k}" for k in self.dists] + \
                    ["job_id", "job_status", "last_step", "reason"]
             return TrialTable(cols, rows)
-        df = self.study.trials_dataframe(attrs=("number", "value", "params", "state", "user_attrs"))
-        return df
+        with self._lock:
+            if self._discarded is not None:
+                return TrialTable(["number", "state", "value"], [])
+            return self.study.trials_dataframe(attrs=("number", "value", "params", "state", "user_attrs"))
 
     def summary(self) -> dict:
         """Plain data for displays (SweepView, the CLI): counts, best, and each trial with its curve."""
         import optuna
-        if self._discarded is not None:
-            return {**self._discarded, "status": self._state, "error": self.error}
         with self._lock:
+            if self._discarded is not None:
+                return {**self._discarded, "status": self._state, "error": self.error}
             frozen = self.study.get_trials(deepcopy=True)
         counts = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
         trials = []
@@ -463,9 +465,9 @@ class Sweep:
 
     # -- driver ---------------------------------------------------------------------------------
     def _progress_text(self) -> str:
-        if self._discarded is not None:
-            return f"sweep {self.name} {self._state}: nothing ran" + (f" ({self.error})" if self.error else "")
         with self._lock:
+            if self._discarded is not None:
+                return f"sweep {self.name} {self._state}: nothing ran" + (f" ({self.error})" if self.error else "")
             trials = self.study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if t.state.is_finished())
         best = self.best

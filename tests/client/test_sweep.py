@@ -130,6 +130,38 @@ def test_pruner_cancels_a_trial_that_falls_behind(alice, tmp_path):
     assert s.best.params == {"x": 3.0} and s.best.value == pytest.approx(10.0)
 
 
+def test_a_reader_racing_the_discard_of_a_sweep_that_ran_nothing_sees_the_final_summary(tmp_path, monkeypatch):
+    """The driver thread deletes the study of a sweep whose trials were all refused while a reader
+    (the CLI's progress loop) is between its check and its read: the reader gets the final summary,
+    never the storage's KeyError."""
+    import threading
+
+    import nbformat
+
+    from hub_harness import notebook
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(nbformat.from_dict(notebook("x = 1")), "t.ipynb")
+    class NoHub:  # the sweep asks the service for its queues once, before any state is made
+        def queues(self):
+            return []
+
+    s = sw.Sweep("t.ipynb", {"x": [1, 2]}, "score", name="gone", storage=tmp_path / "s.db", client=NoHub())
+    got: dict = {}
+    with s._lock:  # the driver is about to discard: a reader starts now and must wait for the lock
+        readers = [threading.Thread(target=lambda k=k: got.__setitem__(k, getattr(s, k)() if k != "best"
+                                                                       else s.best), daemon=True)
+                   for k in ("summary", "best", "_progress_text")]
+        for t in readers:
+            t.start()
+        time.sleep(0.3)
+        s._discard_if_nothing_ran()
+    for t in readers:
+        t.join(10)
+    assert got["best"] is None and got["summary"]["trials"] == [] and "nothing ran" in got["_progress_text"]
+    assert len(s.trials) == 0 and not (tmp_path / "s.db").exists()
+
+
 @pytest.mark.hub
 def test_a_refused_submission_stops_the_sweep_and_leaves_no_state(alice, tmp_path):
     storage = tmp_path / "s.db"

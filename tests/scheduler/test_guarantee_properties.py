@@ -680,3 +680,15 @@ def test_extended_generator_draws_overcommit_and_node_events_and_the_original_do
     original()
     assert 5 <= sum(o for o, _ in seen) <= 25  # about half over-commit
     assert set().union(*(a for _, a in seen)) == {"fail", "drain", "return"}
+
+
+def test_regress_a_pooled_reclaimer_binds_once_its_victims_are_gone():
+    """Node pools: a workload that falls back to its second pool (round 1 of a cycle) bound into
+    the idle room of a reclaim planned in that pool in round 0; the reservation then found its
+    room gone, the reclaim evicted the newcomer, the first victim came back into the idle half,
+    and so on every cycle: the entitled reclaimer (w22, grace 0) never bound. Round 1 now holds
+    round 0's reservations in the now view, as the next cycle's intake does."""
+    late, report = liveness_failures(scenario_data("regress_pooled_reclaimer_never_binds"), 1)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late
+    assert not thrash(report), thrash(report)
