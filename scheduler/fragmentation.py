@@ -206,7 +206,7 @@ class FragModel:
         blocked = cpu < self._wc
         if self.use_memory:
             blocked |= mem < self._wm
-        return self.waste_weight * np.where(blocked, tot, wsum)
+        return self.waste_weight * (np.where(blocked, tot, wsum) if blocked.any() else wsum)
 
     def sync(self, state: ClusterState) -> None:
         """Bring the tables in step with ``state`` (cheap when little changed): the state's
@@ -242,19 +242,21 @@ class FragModel:
             self.version[rows] = self._tick
 
     def _refresh(self, rows: np.ndarray) -> None:
-        tot, cnt, small, slots, F = self.rows_frag(rows, self.gpu[rows], self.cpu[rows], self.memf[rows])
+        tot, cnt, small, slots, F, wsum = self.rows_frag(rows, self.gpu[rows], self.cpu[rows], self.memf[rows])
         self.tot[rows] = tot
         self.cnt[rows] = cnt
         self.small[rows] = small
         self.slots[rows] = slots
         self.F[rows] = F
         if self._waste:
-            self.wsum[rows] = self._wt[self._wid[rows][:, None], self.gpu[rows]].sum(axis=1)
+            self.wsum[rows] = wsum
 
     # -- evaluation ------------------------------------------------------------------------------
     def rows_frag(self, rows, free, cpu, mem):
         """Fragmentation of hypothetical node rows: ``free`` (r x G) GPU milli, ``cpu``/``mem``
-        free on nodes ``rows`` (their model and GPU kind decide the per-shape demand/access)."""
+        free on nodes ``rows`` (their model and GPU kind decide the per-shape demand/access).
+        Returns (tot, cnt, small, slots, F, wsum); ``wsum`` (the GPUs' expected waste summed) is
+        None without the expected-waste term."""
         m = self.m[rows]  # r x S
         ge = free[:, None, :] >= m[:, :, None]  # r x S x G (missing GPUs have free 0 < m)
         tot = free.sum(axis=1)
@@ -262,9 +264,11 @@ class FragModel:
         small = tot[:, None] - (free[:, None, :] * ge).sum(axis=2)
         slots = (free[:, None, :] // np.maximum(m, 1)[:, :, None]).sum(axis=2) if self._hyb else cnt
         F = self._combine(rows, tot, cnt, small, cpu, mem, slots)
+        wsum = None
         if self._waste:
-            F = F + self._waste_of(rows, self._wt[self._wid[rows][:, None], free].sum(axis=1), tot, cpu, mem)
-        return tot, cnt, small, slots, F
+            wsum = self._wt[self._wid[rows][:, None], free].sum(axis=1)
+            F = F + self._waste_of(rows, wsum, tot, cpu, mem)
+        return tot, cnt, small, slots, F, wsum
 
     def _room(self, cpu, mem):
         """Pods of each shape that free ``cpu`` / ``mem`` (per row) leave room for; shapes that
@@ -338,4 +342,4 @@ class FragModel:
 
     def after_rows(self, rows, free, cpu_milli, memory):
         """Fragmentation of nodes ``rows`` with explicit new GPU rows ``free`` (general case)."""
-        return self.rows_frag(rows, free, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)[-1]
+        return self.rows_frag(rows, free, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)[4]

@@ -371,3 +371,33 @@ def test_expected_waste_weight_fades_as_cpu_gets_scarce():
     assert weights(7600) == (pytest.approx(0.5), pytest.approx(full / 2))
     assert weights(8000) == (1.0, 0.0)
     assert weights(8000, [NodeSpec("u0", 4)]) == (0.0, full)  # no CPU tracked: no CPU scarcity
+
+
+def test_expected_waste_weight_fades_as_shares_dominate_gpu_demand():
+    """The expected-waste weight is full while GPU shares ask for at most ``share_fade[0]`` of the
+    GPU demand (milli), 0 from ``share_fade[1]`` on, linear between; a memory-sized share counts
+    as a share (of a whole GPU's milli, as the demand counts it)."""
+    nodes = ClusterState([NodeSpec("n0", 4, cpu=64, memory=256 * GI)])
+    whole, half = PodRequest(1, MILLI, 0, 2000, GI), PodRequest(1, 500, 0, 2000, GI)
+
+    def waste(shapes):
+        return make_policy("default", shapes=shapes)._weights(nodes)[1]
+    full = make_policy("default").waste_weight
+    assert make_policy("default").share_fade == (0.32, 0.42)
+    assert waste([(whole, 1.0)]) == full
+    assert waste([(whole, 1.0), (half, 0.5)]) == full  # 250 of 1250 milli: a fifth
+    assert waste([(whole, 63.0), (half, 74.0)]) == pytest.approx(full / 2)  # 0.37 of the demand
+    assert waste([(whole, 1.0), (half, 2.0)]) == 0.0  # half of it
+    assert waste([(whole, 1.0), (PodRequest(1, 0, 8 * GI, 2000, GI), 1.0)]) == 0.0
+
+
+def test_share_heavy_workload_places_shares_as_without_expected_waste():
+    """Where shares ask for most of the GPU demand, the expected waste is off: the 0.32 share goes
+    beside the 0.47 one, as FGD's one-pod look-ahead puts it (compare the test above)."""
+    shapes = [(PodRequest(1, MILLI, 0, 4000, 8 * GI), 0.1), (PodRequest(1, 470, 0, 4000, 8 * GI), 0.4),
+              (PodRequest(1, 650, 0, 4000, 8 * GI), 0.25), (PodRequest(1, 320, 0, 4000, 8 * GI), 0.25)]
+    state = ClusterState([NodeSpec("n0", 4, cpu=64, memory=256 * GI)])
+    state.take(0, (0,), 470, 4000, 8 * GI)
+    pol = make_policy("default", shapes=shapes)
+    assert pol.choose(state, PodRequest(1, 320, 0, 4000, 8 * GI)) == (0, (0,), 320)
+    assert pol.model.waste_weight == 0.0
