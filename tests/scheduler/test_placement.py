@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpupool.scheduler.cluster import UNTRACKED, ClusterState, PodRequest
-from gpupool.scheduler.fragmentation import FragModel
+from gpupool.scheduler.fragmentation import FragModel, waste_table
 from gpupool.scheduler.model import MILLI, NodeSpec
 from gpupool.scheduler.placement import POLICIES, make_policy, top_shapes, typical_shapes
 
@@ -171,11 +171,22 @@ def test_untracked_cpu_does_not_dominate_scores():
     assert state.cpu_free[1] == UNTRACKED
 
 
-@pytest.mark.parametrize("measure,beta", [("fgd", 1.0), ("hybrid", 0.5)])
-def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta):
+@pytest.mark.parametrize("measure,beta,waste", [("fgd", 1.0, 0.0), ("hybrid", 0.5, 0.0), ("hybrid", 0.5, 3.0)])
+def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta, waste):
     rng = np.random.default_rng(1)
     state = cluster()
-    fm = FragModel(SHAPES, use_memory=True, measure=measure, beta=beta)
+    # with the expected waste, a memory-sized share too: its milli per GPU, and so the table,
+    # differs by the node's GPU memory
+    shapes = SHAPES + [(PodRequest(1, 0, 20 * GI, 2000, 8 * GI), 1.0)] if waste else SHAPES
+    fm = FragModel(shapes, use_memory=True, measure=measure, beta=beta, waste_weight=waste)
+    gpu_shapes = [r for r, *_ in fm.shapes if r.num_gpus > 0]
+
+    def table(n):  # the expected-waste table of node n: GPU shapes by their milli per GPU there
+        classes = {}
+        for (r, w, *_), m in zip(fm.shapes, fm.m[n]):
+            if r.num_gpus > 0 and m <= MILLI:
+                classes[int(m)] = classes.get(int(m), 0.0) + w
+        return waste_table(sorted(classes.items()))
     pol = make_policy("random", seed=2)
     for step, req in enumerate(random_requests(rng, 120)):
         c = pol.choose(state, req)
@@ -199,6 +210,10 @@ def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta)
                             state.mem_free[n] // max(r.memory, 1) if r.memory else qg)
                     frag += beta * (qg - q) * r.num_gpus * m
                 total += w * frag
+            if waste:  # each GPU's expected waste; all free milli where no GPU pod's CPU/memory fits
+                blocked = (state.cpu_free[n] < min(r.cpu_milli for r in gpu_shapes)
+                           or state.mem_free[n] < min(r.memory for r in gpu_shapes))
+                total += waste * (free.sum() if blocked else table(n)[free].sum())
             assert fm.F[n] == pytest.approx(total), (step, n)
         # the incremental 'after' formulas agree with recomputing the node
         for n in np.flatnonzero(state.gpu_free.max(axis=1) >= 300)[:3]:
@@ -213,6 +228,13 @@ def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta)
             once = fm.after_share(np.full(gs.size, n), gs, np.full(gs.size, 300), 1000, GI,
                                   nodes=np.array([n]), of=np.zeros(gs.size, dtype=np.int64))
             assert once == pytest.approx(each)
+        # taking whole free GPUs (or none: a CPU-only pod)
+        for n in np.flatnonzero((state.gpu_free >= MILLI).sum(axis=1) >= 1)[:3]:
+            row = state.gpu_free[n:n + 1].copy()
+            row[0, np.flatnonzero(row[0] >= MILLI)[:1]] = 0
+            for k, r in ((1, row), (0, state.gpu_free[n:n + 1])):
+                after = fm.after_whole(np.array([n]), k, 1000, GI)[0]
+                assert after == pytest.approx(fm.after_rows(np.array([n]), r, 1000, GI)[0])
 
 
 def test_cached_choices_equal_fresh_choices():
@@ -308,3 +330,74 @@ def test_stranded_capacity_weight_follows_cpu_scarcity():
     assert beta(7600) == pytest.approx(0.5)  # 95% of it: halfway up the ramp
     assert beta(8000) == beta(16000) == 1.0
     assert beta(8000, [NodeSpec("u0", 4)]) == 0.0
+
+
+def test_waste_table_looks_past_the_next_pod():
+    """A GPU's expected waste: what the shares that fit its free milli would leave, trusting a class
+    in proportion to how often it arrives (fully from 2% of pods on)."""
+    W = waste_table([(1000, 0.6), (650, 0.05), (470, 0.1), (320, 0.05), (160, 0.007)])
+    assert W[1000] == 0 and W[0] == 0
+    assert W[530] == 60  # another 0.47 share fills it to 0.94
+    assert W[680] == W[350] == 30  # a 0.65 share / a 0.32 share
+    assert W[210] == pytest.approx(0.65 * 210 + 0.35 * 50)  # only the rare 0.16 share fits
+    assert W[100] == 100  # nothing fits
+    assert np.all(W <= np.arange(MILLI + 1))
+    assert np.array_equal(waste_table([]), np.arange(MILLI + 1))
+
+
+def test_default_keeps_a_remainder_a_frequent_share_would_fill():
+    """A 0.32 share beside a 0.47 one leaves 0.21 that hardly anything fills; FGD, looking one pod
+    ahead, still prefers it to breaking a fresh GPU. With 0.47 and 0.65 shares frequent, `default`
+    sees the 0.53 remainder would take another 0.47 and the fresh GPU's 0.68 a 0.65."""
+    shapes = [(PodRequest(1, MILLI, 0, 4000, 8 * GI), 0.5), (PodRequest(1, 470, 0, 4000, 8 * GI), 0.2),
+              (PodRequest(1, 650, 0, 4000, 8 * GI), 0.15), (PodRequest(1, 320, 0, 4000, 8 * GI), 0.15)]
+    chosen = {}
+    for policy in ("default", "fgd"):
+        state = ClusterState([NodeSpec("n0", 4, cpu=64, memory=256 * GI)])
+        state.take(0, (0,), 470, 4000, 8 * GI)
+        chosen[policy] = make_policy(policy, shapes=shapes).choose(state, PodRequest(1, 320, 0, 4000, 8 * GI))
+    assert chosen == {"default": (0, (1,), 320), "fgd": (0, (0,), 320)}
+
+
+def test_expected_waste_weight_fades_as_cpu_gets_scarce():
+    """The expected-waste weight is full while CPU is plentiful and 0 once the workload's CPU per GPU
+    reaches the cluster's (the stranded-capacity weight then counts fully instead)."""
+    nodes = [NodeSpec("n0", 4, cpu=32, memory=256 * GI)]
+    def weights(cpu_per_gpu, nodes=nodes):
+        pol = make_policy("default", shapes=[(PodRequest(1, MILLI, 0, cpu_per_gpu, GI), 1.0)])
+        return pol._weights(ClusterState(nodes))
+    full = make_policy("default").waste_weight
+    assert weights(2000) == (pytest.approx(0.1), full)
+    assert weights(7600) == (pytest.approx(0.5), pytest.approx(full / 2))
+    assert weights(8000) == (1.0, 0.0)
+    assert weights(8000, [NodeSpec("u0", 4)]) == (0.0, full)  # no CPU tracked: no CPU scarcity
+
+
+def test_expected_waste_weight_fades_as_shares_dominate_gpu_demand():
+    """The expected-waste weight is full while GPU shares ask for at most ``share_fade[0]`` of the
+    GPU demand (milli), 0 from ``share_fade[1]`` on, linear between; a memory-sized share counts
+    as a share (of a whole GPU's milli, as the demand counts it)."""
+    nodes = ClusterState([NodeSpec("n0", 4, cpu=64, memory=256 * GI)])
+    whole, half = PodRequest(1, MILLI, 0, 2000, GI), PodRequest(1, 500, 0, 2000, GI)
+
+    def waste(shapes):
+        return make_policy("default", shapes=shapes)._weights(nodes)[1]
+    full = make_policy("default").waste_weight
+    assert make_policy("default").share_fade == (0.32, 0.42)
+    assert waste([(whole, 1.0)]) == full
+    assert waste([(whole, 1.0), (half, 0.5)]) == full  # 250 of 1250 milli: a fifth
+    assert waste([(whole, 63.0), (half, 74.0)]) == pytest.approx(full / 2)  # 0.37 of the demand
+    assert waste([(whole, 1.0), (half, 2.0)]) == 0.0  # half of it
+    assert waste([(whole, 1.0), (PodRequest(1, 0, 8 * GI, 2000, GI), 1.0)]) == 0.0
+
+
+def test_share_heavy_workload_places_shares_as_without_expected_waste():
+    """Where shares ask for most of the GPU demand, the expected waste is off: the 0.32 share goes
+    beside the 0.47 one, as FGD's one-pod look-ahead puts it (compare the test above)."""
+    shapes = [(PodRequest(1, MILLI, 0, 4000, 8 * GI), 0.1), (PodRequest(1, 470, 0, 4000, 8 * GI), 0.4),
+              (PodRequest(1, 650, 0, 4000, 8 * GI), 0.25), (PodRequest(1, 320, 0, 4000, 8 * GI), 0.25)]
+    state = ClusterState([NodeSpec("n0", 4, cpu=64, memory=256 * GI)])
+    state.take(0, (0,), 470, 4000, 8 * GI)
+    pol = make_policy("default", shapes=shapes)
+    assert pol.choose(state, PodRequest(1, 320, 0, 4000, 8 * GI)) == (0, (0,), 320)
+    assert pol.model.waste_weight == 0.0
