@@ -573,6 +573,10 @@ class Engine:
             self._apply_evict(e, t)
         for b in result.binds:
             self._apply_bind(b, t)
+        # a cycle whose plans in motion differ from those it was handed (made, dropped, bound)
+        # decided something too: the next cycle starts from them (a dropped reservation frees
+        # the room it held, and unpins its workload from a node pool)
+        replanned = result.reservations != self.reservations
         self.reservations = result.reservations  # handed back unchanged next cycle
         for sw in self._active.values():
             if sw.state == "pending":
@@ -605,7 +609,7 @@ class Engine:
         self.timeline.append(entry)
         if self.on_cycle is not None:
             self.on_cycle(self, record)
-        return bool(result.binds or result.evictions)
+        return bool(result.binds or result.evictions or replanned)
 
     def check_invariants(self) -> list[str]:
         """What the scheduler promises at every moment, checked on the placements themselves:

@@ -682,6 +682,15 @@ def test_extended_generator_draws_overcommit_and_node_events_and_the_original_do
     assert set().union(*(a for _, a in seen)) == {"fail", "drain", "return"}
 
 
+def test_regress_a_dropped_reservation_is_followed_by_a_cycle():
+    """A cycle that dropped a reservation (its workload pinned to a node pool by it) bound and
+    evicted nothing, so the simulator waited for the next event (95 s) instead of running the next
+    cycle, which tries the workload in its other pool, where it fits at once."""
+    late, report = liveness_failures(scenario_data("regress_dropped_reservation_unpins_a_pooled_workload"), 0)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late
+
+
 def test_regress_a_pooled_reclaimer_binds_once_its_victims_are_gone():
     """Node pools: a workload that falls back to its second pool (round 1 of a cycle) bound into
     the idle room of a reclaim planned in that pool in round 0; the reservation then found its
