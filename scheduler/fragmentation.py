@@ -200,9 +200,9 @@ class FragModel:
         self._wc = int(self.c[g].min())
         self._wm = int(self.mem[g].min())
 
-    def _waste_of(self, rows, wsum, tot, cpu, mem):
-        """``waste_weight`` x the expected waste of nodes ``rows`` (their GPUs' table values summed
-        in ``wsum``), or x all their free milli ``tot`` where CPU/memory is too short for any GPU pod."""
+    def _waste_of(self, wsum, tot, cpu, mem):
+        """``waste_weight`` x the expected waste of some nodes (their GPUs' table values summed in
+        ``wsum``), or x all their free milli ``tot`` where CPU/memory is too short for any GPU pod."""
         blocked = cpu < self._wc
         if self.use_memory:
             blocked |= mem < self._wm
@@ -267,7 +267,7 @@ class FragModel:
         wsum = None
         if self._waste:
             wsum = self._wt[self._wid[rows][:, None], free].sum(axis=1)
-            F = F + self._waste_of(rows, wsum, tot, cpu, mem)
+            F = F + self._waste_of(wsum, tot, cpu, mem)
         return tot, cnt, small, slots, F, wsum
 
     def _room(self, cpu, mem):
@@ -323,7 +323,7 @@ class FragModel:
             return out
         wid = self._wid[rows]
         wsum = self.wsum[rows] - self._wt[wid, f[:, 0]] + self._wt[wid, f2[:, 0]]
-        return out + self._waste_of(rows, wsum, tot, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)
+        return out + self._waste_of(wsum, tot, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)
 
     def after_whole(self, rows, k, cpu_milli, memory):
         """Fragmentation of nodes ``rows`` after taking ``k`` fully free GPUs (k may be 0: CPU only)."""
@@ -336,8 +336,9 @@ class FragModel:
             slots = self.slots[rows] - k * (MILLI // np.maximum(m, 1))
         out = self._combine(rows, tot, cnt, small, self.cpu[rows] - cpu_milli, self.memf[rows] - memory, slots)
         if self._waste:
-            wsum = self.wsum[rows] - k * (self._wt[self._wid[rows], MILLI] - self._wt[self._wid[rows], 0])
-            out = out + self._waste_of(rows, wsum, tot, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)
+            wid = self._wid[rows]
+            wsum = self.wsum[rows] - k * (self._wt[wid, MILLI] - self._wt[wid, 0])
+            out = out + self._waste_of(wsum, tot, self.cpu[rows] - cpu_milli, self.memf[rows] - memory)
         return out
 
     def after_rows(self, rows, free, cpu_milli, memory):

@@ -400,7 +400,7 @@ class DefaultPlacement(_FragPolicy):
         counts fully and decides (cpu250: 0.4 points lower with the full weight, unchanged with it faded).
         It also fades as GPU shares ask for more of the GPU demand (``share_fade``, see
         ``_share_fraction``): 0 on share-heavy workloads, where it helped on some and hurt on others."""
-        beta, tight = self._cpu_beta(state, with_tightness=True)
+        beta, tight = self._cpu_beta(state)
         lo, hi = self.share_fade
         fade = float(np.clip((hi - self._share_fraction()) / (hi - lo), 0.0, 1.0))
         return beta, self.waste_weight * (1.0 - tight) * fade
@@ -417,10 +417,11 @@ class DefaultPlacement(_FragPolicy):
                 if r.num_gpus == 1 and (0 < r.milli < MILLI or r.gpu_memory > 0))
         return s / g if g > 0 else 0.0
 
-    def _cpu_beta(self, state, with_tightness: bool = False):
+    def _cpu_beta(self, state) -> tuple[float, float]:
         """How much GPU capacity stranded by CPU/memory counts as fragment: a floor while the
         workload's CPU per GPU is well below the cluster's, rising to 1 when CPU is as scarce as
-        GPUs; 0 when no node tracks CPU.
+        GPUs; 0 when no node tracks CPU. Returned with how tight CPU is (the same ramp, 0 to 1,
+        without the floor).
 
         The floor (``cpu_floor``, 0.1): even where CPU is plentiful overall, a node whose CPU runs
         out strands its GPUs' remainders (CPU-hungry shares on CPU-poor nodes); a tenth of that
@@ -434,12 +435,12 @@ class DefaultPlacement(_FragPolicy):
         g = self._gpu_demand()
         c = sum(w * r.cpu_milli for r, w, _ in self.model.shapes)
         if gcap <= 0 or ccap <= 0 or g <= 0:
-            return (0.0, 0.0) if with_tightness else 0.0
+            return 0.0, 0.0
         lo, hi = self.cpu_tight
         ramp = ((c / g) / (ccap / gcap) - lo) / (hi - lo)
         floor = self.cpu_floor * max(0.0, 1.0 - float(self._model_pressure(state).max(initial=0.0)))
         beta = float(np.clip(ramp, floor, 1.0))
-        return (beta, float(np.clip(ramp, 0.0, 1.0))) if with_tightness else beta
+        return beta, float(np.clip(ramp, 0.0, 1.0))
 
     def choose(self, state, req, mask=None):
         if self.model is not None and state.nodes is not self._beta_nodes:

@@ -443,8 +443,8 @@ def _index(ctx: Cycle) -> _VictimIndex:
 
 def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
     """What ``_nodes_from_index`` needs of the index for one set of candidate queues, whatever
-    the state (kept for the cycle: reclaimers of one side ask for the same queues again): which
-    entries are theirs, the GPU milli they hold per node, the least work one of their victims
+    the state (kept for the cycle: reclaimers of one side ask for the same queues again): the
+    GPU milli their entries hold per node, the least work one of their victims
     loses per node (and rounded as plans' costs are), their entries that hold GPUs, and which
     queues are theirs (a list by queue number: read entry by entry, node by node)."""
     key = frozenset(queues)
@@ -456,7 +456,7 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
         mine_milli = np.where(mine, idx.milli, 0)
         least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
         hit = idx.views[key] = (
-            mine, np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), mine & (idx.milli > 0),
+            np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), mine & (idx.milli > 0),
             sel.tolist())
     return hit
 
@@ -469,7 +469,7 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     if not idx.nodes.size:
         return
     fut = ctx.future
-    mine, room, least, rounded, holding, theirs = _queue_view(idx, queues)
+    room, least, rounded, holding, theirs = _queue_view(idx, queues)
     nodes = idx.nodes
     free_n = free[nodes]
     ok = (room > 0) & (free_n + room >= need) & fut.schedulable[nodes]

@@ -325,7 +325,7 @@ def test_stranded_capacity_weight_follows_cpu_scarcity():
     nodes = [NodeSpec("n0", 4, cpu=32, memory=256 * GI)]
     def beta(cpu_per_gpu, nodes=nodes):
         pol = make_policy("default", shapes=[(PodRequest(1, MILLI, 0, cpu_per_gpu, GI), 1.0)])
-        return pol._cpu_beta(ClusterState(nodes))
+        return pol._cpu_beta(ClusterState(nodes))[0]
     assert beta(2000) == pytest.approx(0.1)  # a quarter of the cluster's 8 cores per GPU
     assert beta(7600) == pytest.approx(0.5)  # 95% of it: halfway up the ramp
     assert beta(8000) == beta(16000) == 1.0
