@@ -75,8 +75,12 @@ class ClusterState:
         self.model_id = np.array([self.models.index(nd.gpu_model) for nd in self.nodes], dtype=np.int64)
         self.schedulable = np.array([nd.schedulable for nd in self.nodes], dtype=bool)
         # Rows touched by take/give, in order: caches of per-node scores (fragmentation) follow
-        # the log instead of comparing the whole cluster on every placement.
+        # the log instead of comparing the whole cluster on every placement. Whatever changes the
+        # free capacity other than through take/give extends the log too (or drops the caches
+        # before anyone reads them: ``forget``).
         self.log: list[int] = []
+        self._summary: tuple[np.ndarray, np.ndarray] | None = None  # see gpu_summary
+        self._summary_pos = 0
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def milli_on(self, node: int, req: PodRequest) -> int:
@@ -117,6 +121,27 @@ class ClusterState:
         their needs add up) fit now? A node or GPU that does not exist does not fit."""
         return fits_placements(self, placements, w)
 
+    def gpu_summary(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node: the most free milli on one GPU, and how many GPUs are wholly free (what a
+        one-GPU and a whole-GPUs request need to know of a node). Kept across calls and brought
+        in step through the change log: only rows touched since are read again."""
+        s = self._summary
+        if s is None:
+            g = self.gpu_free
+            s = self._summary = (g.max(axis=1), (g >= MILLI).sum(axis=1))
+            self._summary_pos = len(self.log)
+        elif len(self.log) > self._summary_pos:
+            rows = list(set(self.log[self._summary_pos:]))
+            g = self.gpu_free[rows]
+            s[0][rows] = g.max(axis=1)
+            s[1][rows] = (g >= MILLI).sum(axis=1)
+            self._summary_pos = len(self.log)
+        return s
+
+    def forget(self) -> None:
+        """Drop what is kept of the free capacity (after a change that bypassed the log)."""
+        self._summary = None
+
     def free_gpu_milli(self) -> int:
         return int(self.gpu_free[self.schedulable].sum())
 
@@ -127,6 +152,7 @@ class ClusterState:
         c.cpu_free = self.cpu_free.copy()
         c.mem_free = self.mem_free.copy()
         c.log = []  # a new state: its readers start with a full comparison
+        c._summary = None
         return c
 
     def node_mask(self, selector: dict[str, str]) -> np.ndarray | None:

@@ -387,6 +387,7 @@ class Cycle:
             idx = np.array(pod_nodes)
             np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
             np.subtract.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
+        st.forget()
 
     def _rollup(self, leaf: dict[str, list[float]]) -> dict[str, Vec]:
         out = {n: [0.0, 0.0, 0.0] for n in self.tree.queues}

@@ -61,11 +61,18 @@ def feasible(state: ClusterState, req: PodRequest, mask: np.ndarray | None = Non
     if req.num_gpus > 0:
         if req.gpu_memory > 0 or not state.gpu_free.shape[1]:  # the milli differs per node
             ok &= milli <= MILLI
-            ok &= (state.gpu_free >= milli[:, None]).sum(axis=1) >= req.num_gpus
+            if req.num_gpus == 1 and state.gpu_free.shape[1]:
+                ok &= state.gpu_summary()[0] >= milli
+            else:
+                ok &= (state.gpu_free >= milli[:, None]).sum(axis=1) >= req.num_gpus
         else:  # one milli everywhere (at most a whole GPU)
             m = int(milli[0]) if len(milli) else MILLI
-            ok &= (state.gpu_free.max(axis=1) >= m) if req.num_gpus == 1 else \
-                ((state.gpu_free >= m).sum(axis=1) >= req.num_gpus)
+            if req.num_gpus == 1:
+                ok &= state.gpu_summary()[0] >= m
+            elif m >= MILLI:
+                ok &= state.gpu_summary()[1] >= req.num_gpus
+            else:
+                ok &= (state.gpu_free >= m).sum(axis=1) >= req.num_gpus
     return ok, milli
 
 

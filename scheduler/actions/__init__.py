@@ -34,12 +34,15 @@ def pipeline(ctx: Cycle, c: Candidate, hold: bool = True) -> bool:
     key = (c.shape, ctx.future_version)
     if key in ctx.no_room:
         return False
-    if not ctx.fits(c):
+    # a gang is probed first (a probe takes the first node that fits; a placement scores them
+    # all); one pod is placed straight away: its placement fails exactly where a probe would, on
+    # a node list with none that fits, and changes nothing then
+    if c.w.pods > 1 and not ctx.fits(c):
         ctx.no_room.add(key)
         return False
     st = Statement(ctx, ctx.future)
     placements = ctx.place(c, st)
-    if placements is None:  # cannot happen: it was probed
+    if placements is None:
         ctx.no_room.add(key)
         return False
     detail = {"need": c.amount[0], "grace": ctx.cfg.preemption_grace}

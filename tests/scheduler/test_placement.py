@@ -88,6 +88,59 @@ def test_policy_invariants_on_random_workload(policy, with_shapes):
     assert placed > 20 and failed > 0  # the cluster filled up
 
 
+def _feasible_by_definition(state, req, mask):
+    """Where ``req`` fits, worked out from the free capacity alone (the definition ``feasible``
+    implements with what the state keeps of it)."""
+    from gpupool.scheduler.fragmentation import per_gpu_milli
+    milli = per_gpu_milli(state, req)
+    ok = state.schedulable & (state.cpu_free >= req.cpu_milli) & (state.mem_free >= req.memory)
+    if mask is not None:
+        ok &= mask
+    if req.num_gpus:
+        ok &= (milli <= MILLI) & ((state.gpu_free >= milli[:, None]).sum(axis=1) >= req.num_gpus)
+    return ok
+
+
+def test_kept_gpu_summary_follows_every_change():
+    """``ClusterState.gpu_summary`` (the most free milli of one GPU and the wholly free GPUs per
+    node) is kept across calls and brought in step through the change log: after takes, gives,
+    copies and runs of changes logged in bulk, it and ``feasible`` agree with a fresh reading."""
+    from gpupool.scheduler.placement import feasible
+    rng = np.random.default_rng(11)
+    state = cluster()
+    reqs = random_requests(rng, 200) + [PodRequest(1, 0, int(g) * GI, 1000, GI) for g in (5, 20, 40, 90)]
+    for step in range(600):
+        req = reqs[int(rng.integers(len(reqs)))]
+        mask = state.node_mask({"gpu_model": "H100"}) if step % 7 == 0 else None
+        ok, _ = feasible(state, req, mask)
+        assert np.array_equal(ok, _feasible_by_definition(state, req, mask)), (step, req)
+        mx, full = state.gpu_summary()
+        assert np.array_equal(mx, state.gpu_free.max(axis=1))
+        assert np.array_equal(full, (state.gpu_free >= MILLI).sum(axis=1))
+        n = int(rng.integers(len(state.nodes)))
+        gpus = [g for g in range(int(state.num_gpus[n])) if rng.random() < 0.5]
+        milli = int(rng.choice([100, 250, 500, 1000]))
+        op = rng.random()
+        if op < 0.45:  # take what is free, as a placement would
+            gpus = [g for g in gpus if state.gpu_free[n, g] >= milli]
+            state.take(n, gpus, milli, 0, 0)
+        elif op < 0.9:  # give back what was taken
+            gpus = [g for g in gpus if state.gpu_free[n, g] + milli <= MILLI]
+            state.give(n, gpus, milli, 0, 0)
+        elif op < 0.95:  # a copy keeps its own: changing it leaves the original's as it was
+            kept = state.gpu_summary()[0].copy()
+            old, state = state, state.copy()
+            row = int(np.argmax(state.gpu_free.max(axis=1)))
+            state.take(row, [int(np.argmax(state.gpu_free[row]))], 1, 0, 0)
+            assert np.array_equal(old.gpu_summary()[0], kept)
+        else:  # a bulk change logged by hand (as the intake of reservations does)
+            rows = rng.integers(len(state.nodes), size=3)
+            for r in rows:
+                if state.num_gpus[r]:
+                    state.gpu_free[r, 0] = int(rng.integers(0, MILLI + 1))
+            state.log.extend(rows.tolist())
+
+
 def test_none_when_nothing_fits_and_mask_excludes_all():
     state = cluster()
     for policy in POLICIES:
