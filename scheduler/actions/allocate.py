@@ -14,11 +14,13 @@ import dataclasses
 import heapq
 import operator
 
+import numpy as np
+
 from .. import cycle
 from ..cluster import FreeRows, fits_placements
 from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order, raw_key
 from ..fairshare import EPS
-from ..model import Phase, Workload
+from ..model import MILLI, Phase, Workload
 from ..reasons import Code
 
 
@@ -68,14 +70,29 @@ def _bind_holders(ctx: Cycle) -> None:
     # shape can only fit on the nodes of its own reservation.
     nowhere: set[tuple] = set()
     rows = FreeRows(now)  # the probes read the now view as lists (kept in step through its log)
+    todo = []
     for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
         w = ctx.by_id[wid]
-        if w.phase != Phase.PENDING:
-            continue  # moved by consolidation and still releasing: its new place stays held
-        c = ctx.candidate(w)
-        if w.pods == 1 and cycle.SHORTCUTS and not _could_bind(ctx, c, r, nowhere, rows):
-            ctx.wait(w, r.code, r.detail)  # what giving its holds back and taking them again would end in
-            continue
+        if w.phase == Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
+            todo.append((w, r, ctx.candidate(w)))
+    # the first probes of every single-pod holder at once, on the now view as it is before any
+    # binds; a holder whose node a bind or a hold changed since is probed on its own
+    own = _own_node_fits(ctx, [h for h in todo if h[0].pods == 1]) if cycle.SHORTCUTS else {}
+    seen, touched = len(now.log), set()
+    for w, r, c in todo:
+        wid = w.id
+        if w.pods == 1 and cycle.SHORTCUTS:
+            if len(now.log) > seen:
+                touched.update(now.log[seen:])
+                seen = len(now.log)
+            hit = own.get(wid)
+            if hit is None or hit[0] in touched:
+                could = _could_bind(ctx, c, r, nowhere, rows)
+            else:
+                could = ctx.quota_block(c) is None and (hit[1] or _fits_elsewhere(ctx, c, nowhere))
+            if not could:
+                ctx.wait(w, r.code, r.detail)  # what giving its holds back and taking them again would end in
+                continue
         ctx.unhold(wid)
         placed = None
         st = Statement(ctx, now)
@@ -111,6 +128,13 @@ def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple], rows: FreeRows
     hold would be most of the action's cost); records a shape that fits nowhere as it would."""
     if ctx.quota_block(c) is not None:
         return False
+    return _fits_own_node(ctx, c, r, rows) or _fits_elsewhere(ctx, c, nowhere)
+
+
+def _fits_own_node(ctx: Cycle, c: Candidate, r, rows: FreeRows) -> bool:
+    """Would this single-pod holder fit where it is planned, or elsewhere on the nodes of its
+    reservation, with what it holds itself given back? (Probed on the list rows, which are put
+    back as they were.)"""
     now, w = ctx.now, c.w
     holds = ctx.holds.get(w.id, ())
     rows.sync()
@@ -121,14 +145,89 @@ def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple], rows: FreeRows
         for n in {now.index[p.node] for p in r.placements}:
             if rows.schedulable[n] and (c.mask is None or c.mask[n]) and rows.fits_on(n, c.req, now.milli_on(n, c.req)):
                 return True
+        return False
     finally:
         _give_back(rows, holds, -1)
+
+
+def _fits_elsewhere(ctx: Cycle, c: Candidate, nowhere: set[tuple]) -> bool:
+    """``_could_bind``'s last probe: does ``c`` fit anywhere in the now view as it is (the nodes of
+    its reservation were tried with its holds)? A shape that fits nowhere is recorded."""
     if c.shape in nowhere:
         return False
-    if ctx.fits(c, now):  # the nodes of its reservation were tried above with its holds
+    if ctx.fits(c, ctx.now):
         return True
     nowhere.add(c.shape)
     return False
+
+
+def _own_node_fits(ctx: Cycle, holders: list) -> dict[str, tuple[int, bool]]:
+    """``_fits_own_node`` for many single-pod holders (workload, reservation,
+    candidate) at once, on the now view as it is: would each fit where it is planned, or
+    elsewhere on that node, with what it holds itself given back? Holder id -> (the node, the
+    answer); a holder whose reservation is not one placement on a known node is left out."""
+    now = ctx.now
+    index, num_gpus = now.index, now.num_gpus.tolist()
+    keep, nodes, pm, cpu, mem, k3, m3, where_ok = [], [], [], [], [], [], [], []
+    pi, pg, hi, hg, hv, ch, mh = [], [], [], [], [], [], []
+    bad: list[int] = []
+    for w, r, c in holders:
+        if len(r.placements) != 1:
+            continue
+        p = r.placements[0]
+        n = index.get(p.node)
+        if n is None:
+            continue
+        j = len(keep)
+        keep.append(w.id)
+        nodes.append(n)
+        pm.append(p.milli)
+        cpu.append(int(round(w.cpu * MILLI)))
+        mem.append(w.memory)
+        req = c.req
+        k3.append(req.num_gpus)
+        m3.append(now.milli_on(n, req) if req.num_gpus else 0)
+        where_ok.append(c.mask is None or bool(c.mask[n]))
+        for g in p.gpus:
+            if g >= num_gpus[n]:
+                bad.append(j)
+            else:
+                pi.append(j)
+                pg.append(g)
+        c_h = m_h = 0
+        for hn, gpus, gh, hc, hm in ctx.holds.get(w.id, ()):
+            if hn == n:
+                for g, h in zip(gpus, gh):
+                    hi.append(j)
+                    hg.append(g)
+                    hv.append(h)
+                c_h += hc
+                m_h += hm
+        ch.append(c_h)
+        mh.append(m_h)
+    if not keep:
+        return {}
+    node = np.array(nodes, dtype=np.int64)
+    free = now.gpu_free[node]  # a copy: the own holds are added to it
+    if hi:
+        np.add.at(free, (np.array(hi), np.array(hg)), np.array(hv, dtype=np.int64))
+    cpu_a = now.cpu_free[node] + np.array(ch, dtype=np.int64)
+    mem_a = now.mem_free[node] + np.array(mh, dtype=np.int64)
+    # (a pod's request is the workload's CPU and memory: both probes ask the same of them)
+    room = (cpu_a >= np.array(cpu, dtype=np.int64)) & (mem_a >= np.array(mem, dtype=np.int64))
+    # where it is planned (``fits_placements`` of its one placement)
+    planned = room.copy()
+    if pi:
+        pi_a = np.array(pi)
+        short = free[pi_a, np.array(pg)] < np.array(pm, dtype=np.int64)[pi_a]
+        planned[pi_a[short]] = False
+    planned[bad] = False
+    # elsewhere on that node, where it may run (``FreeRows.fits_on``)
+    k = np.array(k3, dtype=np.int64)
+    m = np.array(m3, dtype=np.int64)
+    gpus_ok = (k == 0) | ((m <= MILLI) & ((free >= m[:, None]).sum(axis=1) >= k))
+    on_node = now.schedulable[node] & np.array(where_ok, dtype=bool) & room & gpus_ok
+    return dict(zip(keep, zip(nodes, (planned | on_node).tolist())))
 
 
 def _give_back(rows: FreeRows, holds, sign: int) -> None:

@@ -51,8 +51,9 @@ def preempt(ctx: Cycle, failed: list[Candidate]) -> list[Candidate]:
     # are tried one by one, in order
     todo: list[Candidate] = []
     for c in failed:
+        low = lowest.get(c.w.queue)  # (a group's top priority is worked out once, and only if asked)
         if (c.code in (Code.NON_PREEMPTIBLE, Code.BEHIND) or (c.amount[0] <= 0 and c.amount[1] <= 0)
-                or lowest.get(c.w.queue, c.top_priority) >= c.top_priority):
+                or low is None or low >= c.top_priority):
             left.append(c)
         else:
             todo.append(c)

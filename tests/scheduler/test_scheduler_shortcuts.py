@@ -88,6 +88,64 @@ def test_shortcuts_change_no_decision_in_bursts(data, seed):
     _same_both_ways(data, seed)
 
 
+def _holder_probes_agree(monkeypatch, data: dict, seed: int) -> int:
+    """Run the simulation with every batched probe of the holders (``_own_node_fits``, on the now
+    view before any holder binds) checked against the one-by-one probe (``_fits_own_node``, its
+    holds given back on list rows); returns how many holders were compared."""
+    from gpupool.scheduler.cluster import FreeRows
+    real = allocate._own_node_fits
+    compared = []
+
+    def checked(ctx, holders):
+        out = real(ctx, holders)
+        rows = FreeRows(ctx.now)
+        for w, r, c in holders:
+            if w.id in out:
+                node, fits = out[w.id]
+                assert node == ctx.now.index[r.placements[0].node]
+                assert fits == allocate._fits_own_node(ctx, c, r, rows), w.id
+                compared.append(fits)
+        return out
+    monkeypatch.setattr(allocate, "_own_node_fits", checked)
+    _report(data, seed)
+    return len(compared)
+
+
+@_settings(60)
+@given(bursts(), st.integers(0, 2))
+def test_holders_probed_at_once_answer_as_one_by_one(data, seed):
+    with pytest.MonkeyPatch.context() as mp:
+        _holder_probes_agree(mp, data, seed)
+
+
+def test_holders_probed_at_once_see_their_own_holds(monkeypatch):
+    """A holder planned on two idle GPUs of a node (it holds them in the now view) fits there only
+    with its own holds given back; one planned where a workload is still releasing fits nowhere
+    on that node yet."""
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.cluster import FreeRows
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, Reservation, Snapshot, Workload
+    from gpupool.scheduler.reasons import Code
+
+    nodes = [NodeSpec("n0", gpus=4, gpu_memory=80 * 2**30), NodeSpec("n1", gpus=2, gpu_memory=80 * 2**30)]
+    queues = [QueueSpec("borrower", deserved={"gpu": 0}), QueueSpec("q", deserved={"gpu": 6})]
+    running = [Workload("r0", "borrower", gpus=2, phase=Phase.RELEASING, started_at=0.0,
+                        placements=(PodPlacement(0, "n0", (2, 3)),)),
+               Workload("r1", "borrower", gpus=2, phase=Phase.RELEASING, started_at=0.0,
+                        placements=(PodPlacement(0, "n1", (0, 1)),))]
+    holders = [Workload("h0", "q", gpus=2, submit_time=1.0), Workload("h1", "q", gpus=2, submit_time=2.0)]
+    reservations = [Reservation("h0", (PodPlacement(0, "n0", (0, 1)),), Code.RECLAIMING, 50.0),
+                    Reservation("h1", (PodPlacement(0, "n1", (0, 1)),), Code.RECLAIMING, 51.0)]
+    snap = Snapshot(now=60.0, nodes=nodes, queues=queues, workloads=[*running, *holders], reservations=reservations)
+    ctx = Scheduler().start(snap)
+    todo = [(w, ctx.reservations[w.id], ctx.candidate(w)) for w in holders]
+    out = allocate._own_node_fits(ctx, todo)
+    assert out == {"h0": (0, True), "h1": (1, False)}
+    rows = FreeRows(ctx.now)
+    assert [allocate._fits_own_node(ctx, c, r, rows) for _, r, c in todo] == [True, False]
+    assert ctx.now.gpu_free[0].tolist()[:2] == [0, 0]  # held for h0: free to nobody else
+
+
 def test_the_switch_really_turns_the_shortcuts_off(monkeypatch):
     """The comparison above is only worth something if SHORTCUTS=False takes the other path:
     four pending workloads of one queue and request wait for a busy GPU; with the shortcuts on,
