@@ -883,8 +883,13 @@ class Cycle:
         """(node index, milli held there) for each node the workload runs on (cached)."""
         hit = self._vnodes.get(v.id)
         if hit is None:
+            pl = v.placements
+            if len(pl) == 1:  # (most: one pod)
+                n = self.future.index.get(pl[0].node)
+                hit = self._vnodes[v.id] = [] if n is None else [(n, pl[0].milli * len(pl[0].gpus))]
+                return hit
             per: dict[int, int] = {}
-            for p in v.placements:
+            for p in pl:
                 n = self.future.index.get(p.node)
                 if n is not None:
                     per[n] = per.get(n, 0) + p.milli * len(p.gpus)

@@ -406,20 +406,27 @@ class _VictimIndex:
     O(entries) rather than O(queues x nodes): ``starts`` opens each of ``nodes``' runs."""
 
     def __init__(self, ctx: Cycle):
-        self.qn = {q: i for i, q in enumerate(ctx.tree.queues)}
+        self.qn = qn = {q: i for i, q in enumerate(ctx.tree.queues)}
         self.per_node: dict[int, list[tuple[Workload, int]]] = {}
+        per_node, victim_nodes, victim_cost = self.per_node, ctx.victim_nodes, ctx.victim_cost
+        cols, milli, queue, cost = [], [], [], []
         for v in ctx.preemptible_running():
-            for n, m in ctx.victim_nodes(v):
-                self.per_node.setdefault(n, []).append((v, m))
-        qn = self.qn
-        entries = [(n, m, qn[v.queue], ctx.victim_cost(v)) for n, vs in self.per_node.items() for v, m in vs]
-        cols, milli, queue, cost = (np.array(x) for x in zip(*entries)) if entries else ((),) * 4
-        # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed)
-        order = np.lexsort((-np.asarray(milli, dtype=np.int64), np.asarray(cols, dtype=np.int64)))
-        cols = np.asarray(cols, dtype=np.int64)[order]
-        self.milli = np.asarray(milli, dtype=np.int64)[order]
-        self.queue = np.asarray(queue, dtype=np.int64)[order]
-        self.cost = np.asarray(cost, dtype=float)[order]
+            qi, k = qn[v.queue], victim_cost(v)
+            for n, m in victim_nodes(v):
+                per_node.setdefault(n, []).append((v, m))
+                cols.append(n)
+                milli.append(m)
+                queue.append(qi)
+                cost.append(k)
+        entries = bool(cols)
+        # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed);
+        # the sort is stable: a node's entries of one share keep the victims' order
+        milli_a, cols_a = np.array(milli, dtype=np.int64), np.array(cols, dtype=np.int64)
+        order = np.lexsort((-milli_a, cols_a))
+        cols = cols_a[order]
+        self.milli = milli_a[order]
+        self.queue = np.array(queue, dtype=np.int64)[order]
+        self.cost = np.array(cost, dtype=float)[order]
         if entries:
             first = np.ones(len(cols), dtype=bool)
             first[1:] = cols[1:] != cols[:-1]
