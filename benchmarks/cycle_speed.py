@@ -32,7 +32,11 @@ with a growing prefix of the action list (allocate; + consolidate; + reclaim; + 
     .venv/bin/python benchmarks/cycle_speed.py [--nodes 1000] [--queues 200] [--workloads 20000]
                                                [--cycles 7] [--seed 0] [--json]
                                                [--shapes busy,steady,churn,pooled,scale] [--until 60]
-                                               [--scale 4]
+                                               [--scale 4] [--repeat 1]
+
+``--repeat N`` replays the churn, pooled and scale shapes N times each, taking turns, and prints
+the median of every figure with each run's p50 beside it: on a shared machine whole runs of the
+same code differ by up to 20%, more than most changes a session makes.
 """
 from __future__ import annotations
 
@@ -243,6 +247,30 @@ def run_churn(args, pooled: bool = False) -> dict:
             "cpu_seconds": round(time.process_time() - c0, 1)}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """One replay's figures from several runs of it: each timing the median over the runs (the
+    decisions, preemptions included, are the same in every run); ``runs_p50`` keeps every run's
+    CPU p50 so that the spread shows."""
+    out = dict(runs[0])
+    if len(runs) > 1:
+        med = lambda vals: round(float(np.median(vals)), 1)  # noqa: E731
+        for field in ("cycle_ms", "cycle_cpu_ms"):
+            out[field] = {k: med([r[field][k] for r in runs]) for k in runs[0][field]}
+        out["actions_ms"] = {a: {k: med([r["actions_ms"][a][k] for r in runs if a in r["actions_ms"]]) for k in v}
+                             for a, v in runs[0]["actions_ms"].items()}
+        out["cpu_seconds"] = med([r["cpu_seconds"] for r in runs])
+    out["runs_p50"] = [r["cycle_cpu_ms"]["p50"] for r in runs]
+    return out
+
+
+def _spread(r: dict) -> str:
+    """The runs behind a median figure, when there were several."""
+    p50s = r.get("runs_p50", [])
+    if len(p50s) < 2:
+        return ""
+    return f" (median of {len(p50s)} runs; their p50: {' / '.join(f'{v:.1f}' for v in p50s)} ms)"
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
@@ -258,7 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="busy,steady,churn,pooled", help="which shapes to time (comma-separated)")
     ap.add_argument("--until", type=float, default=60.0, help="churn: seconds of simulated time")
     ap.add_argument("--scale", type=int, default=4, help="scale: how many times as large the second size is")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="churn, pooled, scale: replay each this many times, the shapes (or sizes) taking turns, "
+                         "and report the median of each figure over the runs (a shared machine's runs differ by 20%%)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     shapes = set(args.shapes.split(","))
 
     config = SchedulerConfig(seed=args.seed)
@@ -295,14 +328,26 @@ def main(argv: list[str] | None = None) -> int:
             "cycle_cpu_ms": {"p50": round(pct(cpu, 50), 1), "p95": round(pct(cpu, 95), 1)},
             "actions_ms": actions, "actions_source": source, "build_seconds": round(build_s, 2),
         }
+    replays = {}  # name -> what to replay; the shapes take turns, run after run
     if "churn" in shapes:
-        results["churn"] = run_churn(args)
+        replays["churn"] = lambda: run_churn(args)
     if "pooled" in shapes:
-        results["pooled"] = run_churn(args, pooled=True)
+        replays["pooled"] = lambda: run_churn(args, pooled=True)
     if "scale" in shapes:
         big = argparse.Namespace(**{**vars(args), "nodes": args.nodes * args.scale,
                                     "queues": args.queues * (args.scale + 1), "workloads": args.workloads * args.scale})
-        results["scale"] = {"small": run_churn(args), "large": run_churn(big)}
+        replays["scale-small"] = lambda: run_churn(args)
+        replays["scale-large"] = lambda: run_churn(big)
+    runs: dict[str, list[dict]] = {name: [] for name in replays}
+    for _ in range(args.repeat):
+        for name, replay in replays.items():
+            runs[name].append(replay())
+    merged = {name: median_run(rs) for name, rs in runs.items()}
+    for name in ("churn", "pooled"):
+        if name in merged:
+            results[name] = merged[name]
+    if "scale" in shapes:
+        results["scale"] = {"small": merged["scale-small"], "large": merged["scale-large"]}
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -317,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                 base = results["churn"]["cycle_cpu_ms"]
                 goals = tuple((k, round(1.2 * base[k], 1)) for k in ("p50", "p95", "max"))
             print(f"{shape:7} {POOLS if shape == 'pooled' else 1} pool(s), {r['nodes']} nodes / {r['gpus']} GPUs, {r['queues']} queues, {r['workloads']} arrivals "
-                  f"over 30 s, {r['cycles']} cycles, {r['preemptions']} preemptions, {r['cpu_seconds']} s CPU")
+                  f"over 30 s, {r['cycles']} cycles, {r['preemptions']} preemptions, {r['cpu_seconds']} s CPU{_spread(r)}")
             cc = r["cycle_cpu_ms"]
             if shape == "pooled" and "churn" in results:
                 print("        cycle_ms: " + ", ".join(f"{k} {c[k]:.1f} ms" for k, _ in goals))
@@ -351,7 +396,7 @@ def _print_scale(r: dict, scale: int) -> None:
         cc = x["cycle_cpu_ms"]
         print(f"scale   {name}: {x['nodes']} nodes / {x['gpus']} GPUs, {x['queues']} queues, {x['workloads']} arrivals, "
               f"{x['cycles']} cycles, {x['preemptions']} preemptions: CPU per cycle p50 {cc['p50']:.1f} ms, "
-              f"p95 {cc['p95']:.1f} ms, max {cc['max']:.1f} ms")
+              f"p95 {cc['p95']:.1f} ms, max {cc['max']:.1f} ms{_spread(x)}")
         print("        per action p50/p95/max: " + ", ".join(
             f"{a} {v['p50']:.0f}/{v['p95']:.0f}/{v['max']:.0f}" for a, v in x["actions_ms"].items()))
     lc, sc = large["cycle_cpu_ms"], small["cycle_cpu_ms"]
