@@ -81,6 +81,7 @@ class ReclaimBudget(Budget):
         #                                    reclaimer side's over, reclaimer side within guarantee after,
         #                                    reclaimer side)
         self.gone: dict[str, float] = {}
+        self.inside: dict[str, float] = {}  # GPUs taken in this pass from each queue below a victim's side
         self.by_share: set[str] = set()  # victims taken by the fair-share rule in this pass
         self.taken: set[str] = set()  # victims taken in this pass
         self.refused = ""
@@ -157,8 +158,26 @@ class ReclaimBudget(Budget):
 
     def reset(self) -> None:
         self.gone.clear()
+        self.inside.clear()
         self.by_share.clear()
         self.taken.clear()
+
+    def _inner(self, v: Workload, side: str) -> tuple[str, ...]:
+        """The victim's queue and its ancestors below its side (empty when its queue is the side)."""
+        if v.queue == side:
+            return ()
+        path = self.ctx.tree.path(v.queue)
+        return path[path.index(side) + 1:]
+
+    def _below_inside(self, v: Workload, side: str) -> str | None:
+        """The first queue below the victim's side, on its way down to the victim's queue, that
+        does not hold more than its own fair share (what this pass took from it counted as gone),
+        or None."""
+        ctx = self.ctx
+        for x in self._inner(v, side):
+            if ctx.over(x) - self.inside.get(x, 0.0) <= EPS:
+                return x
+        return None
 
     def allows(self, v: Workload) -> bool:
         side, over, held, guar, reclaimer_before, guaranteed, aq = self._side(v.queue)
@@ -179,11 +198,15 @@ class ReclaimBudget(Budget):
                         "guarantee": guar, "rule": "guarantee"}
             return False
         share = over - gone > reclaimer_before + EPS
+        inner = None
         if share and (held - gone - amt >= guar - EPS or over - gone > EPS):
-            if not self.ctx.runs_lower_priority(v, self.taken):
+            inner = self._below_inside(v, side)
+            if inner is None and not self.ctx.runs_lower_priority(v, self.taken):
                 self.by_share.add(v.id)
                 return True  # fair share: rebalance, never below a guarantee of a queue within its share
-            rule = "priority"  # its queue's lower-priority workloads go first
+            # inside its side, only from a queue above its own share (``inside``); and its queue's
+            # lower-priority workloads go first (``priority``)
+            rule = "inside" if inner is not None else "priority"
         else:
             rule = "guarantee" if share else "share"
         self.refused = side
@@ -191,12 +214,18 @@ class ReclaimBudget(Budget):
                     "guarantee": guar, "rule": rule}
         if rule == "priority":
             self.why["queue"] = v.queue
+        elif rule == "inside":
+            self.why.update(below=inner, below_held=self.ctx.held(inner) - self.inside.get(inner, 0.0),
+                            below_fair=self.ctx.fair[inner].get("gpu", 0.0))
         return False
 
     def take(self, v: Workload) -> None:
         self.taken.add(v.id)
         side = self._side(v.queue)[0]
-        self.gone[side] = self.gone.get(side, 0.0) + self.ctx.amounts[v.id][0]
+        amt = self.ctx.amounts[v.id][0]
+        self.gone[side] = self.gone.get(side, 0.0) + amt
+        for x in self._inner(v, side):
+            self.inside[x] = self.inside.get(x, 0.0) + amt
 
     def accepts(self, chosen: list[Workload]) -> bool:
         """Does the plan bring the shares closer to fair (needed once a victim went by the fair-share

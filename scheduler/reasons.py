@@ -98,6 +98,10 @@ def _refusal(q: str, d: dict) -> str:
         return (f"the GPUs that would make room belong to a workload of queue {d.get('queue', h)} ({h} holds "
                 f"{held}, fair share {fair}) while lower-priority workloads of that queue still run: a reclaim "
                 f"takes a queue's lowest priorities first")
+    if d["rule"] == "inside":
+        return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}), but within it to "
+                f"{d['below']}, which holds {_gpus(d['below_held'])} of its own fair share of "
+                f"{_gpus(d['below_fair'])}: a reclaim takes only from queues above their share ({mine})")
     if d["rule"] == "whole":
         return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}) as whole workloads "
                 f"of {_gpus(d['taken'])}; taking them would leave the two queues further from their fair "

@@ -701,3 +701,17 @@ def test_regress_a_pooled_reclaimer_binds_once_its_victims_are_gone():
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
     assert not thrash(report), thrash(report)
+
+
+def test_regress_reclaims_at_two_levels_do_not_turn_in_a_circle():
+    """Three queues at two levels moved a quarter and a half GPU around for ever, each move bringing
+    its own level closer to fair: q0 took from p2 (below its share inside dept) because dept was
+    above its share, p2 took back from p1 inside dept, p1 took from q0. The closer-to-fair rule now
+    takes a victim inside a side only from a queue above its own share there."""
+    data = scenario_data("regress_three_way_reclaim_circle")
+    settle = 520 + 6 * 30 + 30 * 5  # the generator's: the last arrival, six grace periods, 30 cycles
+    bad = late_evictions(data, settle, 0)
+    assert not bad, bad
+    late, report = liveness_failures(data, 0)
+    assert report["metrics"]["invariant_violations"] == 0
+    assert not late, late

@@ -160,3 +160,33 @@ def test_a_gang_binds_into_its_reservation_only_when_all_its_pods_fit_together()
     for seed in (0, 1, 2):
         report = simulate(load_scenario(path), seed=seed)
         assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+
+
+def test_closer_to_fair_takes_inside_a_side_only_from_a_queue_above_its_share():
+    """dept (p1, p2) holds 2 GPUs against a fair share of 1.75 because p1 holds 1.5 (young, so
+    protected); p2 holds 0.5, below its own 0.875. q0, above its guarantee of 1 but below its fair
+    share of 2.25, asks for a quarter GPU: the only victims in dept are p2's. Taking one would
+    bring dept and q0 closer to fair but open a gap inside dept that p2 would close by taking from
+    p1, and p1 from q0 (three queues turning for ever): the reclaim is refused, and says why."""
+    from gpupool.scheduler.reasons import describe
+    nodes = [NodeSpec("n0", gpus=4, gpu_memory=80 * 2**30)]
+    queues = [QueueSpec("dept", deserved={"gpu": 1}), QueueSpec("p1", parent="dept", deserved={"gpu": 0.5}),
+              QueueSpec("p2", parent="dept", deserved={"gpu": 0.5}),
+              QueueSpec("q0", deserved={"gpu": 1}, over_quota_weight=2)]
+    work = [running(Workload("p1-a", "p1", gpus=1), "n0", (0,), started=95.0),
+            running(Workload("p1-b", "p1", gpus=0.5), "n0", (1,), started=95.0, fraction=0.5),
+            running(Workload("p2-a", "p2", gpus=0.25), "n0", (1,), fraction=0.25),
+            running(Workload("p2-b", "p2", gpus=0.25), "n0", (1,), fraction=0.25),
+            running(Workload("q0-a", "q0", gpus=1), "n0", (2,)),
+            running(Workload("q0-b", "q0", gpus=1), "n0", (3,)),
+            Workload("p2-more", "p2", gpus=1, submit_time=1.0),
+            Workload("q0-small", "q0", gpus=0.25, submit_time=2.0)]
+    result = Scheduler(SchedulerConfig(min_runtime=60)).schedule(Snapshot(now=100.0, nodes=nodes, queues=queues,
+                                                                          workloads=work))
+    assert result.fair_share["dept"]["gpu"] == 1.75 and result.fair_share["q0"]["gpu"] == 2.25
+    assert result.fair_share["p2"]["gpu"] > 0.5
+    assert not result.evictions
+    why = result.pending["q0-small"]
+    assert why.code == Code.RECLAIM_REFUSED
+    assert why.detail["rule"] == "inside" and why.detail["below"] == "p2" and why.detail["holder"] == "dept"
+    assert "within it to p2" in describe(why)
