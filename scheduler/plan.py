@@ -171,11 +171,12 @@ class ReclaimBudget(Budget):
 
     def _below_inside(self, v: Workload, side: str) -> str | None:
         """The first queue below the victim's side, on its way down to the victim's queue, that
-        does not hold more than its own fair share (what this pass took from it counted as gone),
-        or None."""
+        the victim would leave further from its own fair share than it is (it holds less than half
+        the victim above its share, what this pass took from it counted as gone), or None."""
         ctx = self.ctx
+        half = ctx.amounts[v.id][0] / 2.0
         for x in self._inner(v, side):
-            if ctx.over(x) - self.inside.get(x, 0.0) <= EPS:
+            if ctx.over(x) - self.inside.get(x, 0.0) + EPS < half:
                 return x
         return None
 

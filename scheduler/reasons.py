@@ -101,7 +101,7 @@ def _refusal(q: str, d: dict) -> str:
     if d["rule"] == "inside":
         return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}), but within it to "
                 f"{d['below']}, which holds {_gpus(d['below_held'])} of its own fair share of "
-                f"{_gpus(d['below_fair'])}: a reclaim takes only from queues above their share ({mine})")
+                f"{_gpus(d['below_fair'])}: a reclaim leaves no queue further from its share ({mine})")
     if d["rule"] == "whole":
         return (f"the GPUs that would make room belong to {h} ({held}, fair share {fair}) as whole workloads "
                 f"of {_gpus(d['taken'])}; taking them would leave the two queues further from their fair "

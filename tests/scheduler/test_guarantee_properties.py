@@ -707,7 +707,7 @@ def test_regress_reclaims_at_two_levels_do_not_turn_in_a_circle():
     """Three queues at two levels moved a quarter and a half GPU around for ever, each move bringing
     its own level closer to fair: q0 took from p2 (below its share inside dept) because dept was
     above its share, p2 took back from p1 inside dept, p1 took from q0. The closer-to-fair rule now
-    takes a victim inside a side only from a queue above its own share there."""
+    leaves no queue inside a side further from its own share."""
     data = scenario_data("regress_three_way_reclaim_circle")
     settle = 520 + 6 * 30 + 30 * 5  # the generator's: the last arrival, six grace periods, 30 cycles
     bad = late_evictions(data, settle, 0)

@@ -162,7 +162,7 @@ def test_a_gang_binds_into_its_reservation_only_when_all_its_pods_fit_together()
         assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
 
 
-def test_closer_to_fair_takes_inside_a_side_only_from_a_queue_above_its_share():
+def test_closer_to_fair_leaves_no_queue_inside_a_side_further_from_its_share():
     """dept (p1, p2) holds 2 GPUs against a fair share of 1.75 because p1 holds 1.5 (young, so
     protected); p2 holds 0.5, below its own 0.875. q0, above its guarantee of 1 but below its fair
     share of 2.25, asks for a quarter GPU: the only victims in dept are p2's. Taking one would
