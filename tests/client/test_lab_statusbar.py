@@ -121,7 +121,9 @@ def test_status_bar_shows_the_share_and_tensorboard_opens(hub):
                 # TensorBoard from the launcher, in a new tab, served through the server's proxy
                 page.evaluate("() => window.jupyterapp ? window.jupyterapp.commands.execute('launcher:create')"
                               " : null")
-                card = page.locator('.jp-LauncherCard[title="TensorBoard"], .jp-LauncherCard:has-text("TensorBoard")').first
+                # the visible card: the launcher lab opened at the start may still be there, behind a tab
+                card = page.locator('.jp-LauncherCard[title^="TensorBoard"]:visible, '
+                                    '.jp-LauncherCard:has-text("TensorBoard"):visible').first
                 card.wait_for(timeout=60_000)
                 with page.context.expect_page(timeout=60_000) as opened:
                     card.click()
