@@ -169,12 +169,11 @@ class ReclaimBudget(Budget):
         path = self.ctx.tree.path(v.queue)
         return path[path.index(side) + 1:]
 
-    def _below_inside(self, v: Workload, side: str) -> str | None:
+    def _below_inside(self, v: Workload, side: str, amt: float) -> str | None:
         """The first queue below the victim's side, on its way down to the victim's queue, that
         the victim would leave further from its own fair share than it is (it holds less than half
         the victim above its share, what this pass took from it counted as gone), or None."""
-        ctx = self.ctx
-        half = ctx.amounts[v.id][0] / 2.0
+        ctx, half = self.ctx, amt / 2.0
         for x in self._inner(v, side):
             if ctx.over(x) - self.inside.get(x, 0.0) + EPS < half:
                 return x
@@ -201,7 +200,7 @@ class ReclaimBudget(Budget):
         share = over - gone > reclaimer_before + EPS
         inner = None
         if share and (held - gone - amt >= guar - EPS or over - gone > EPS):
-            inner = self._below_inside(v, side)
+            inner = self._below_inside(v, side, amt)
             if inner is None and not self.ctx.runs_lower_priority(v, self.taken):
                 self.by_share.add(v.id)
                 return True  # fair share: rebalance, never below a guarantee of a queue within its share

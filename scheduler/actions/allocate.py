@@ -182,9 +182,9 @@ def _own_node_fits(ctx: Cycle, holders: list) -> dict[str, tuple[int, bool]]:
         keep.append(w.id)
         nodes.append(n)
         pm.append(p.milli)
-        cpu.append(int(round(w.cpu * MILLI)))
-        mem.append(w.memory)
         req = c.req
+        cpu.append(req.cpu_milli)  # a pod's request is the workload's CPU and memory
+        mem.append(req.memory)
         k3.append(req.num_gpus)
         m3.append(now.milli_on(n, req) if req.num_gpus else 0)
         where_ok.append(c.mask is None or bool(c.mask[n]))
@@ -213,7 +213,7 @@ def _own_node_fits(ctx: Cycle, holders: list) -> dict[str, tuple[int, bool]]:
         np.add.at(free, (np.array(hi), np.array(hg)), np.array(hv, dtype=np.int64))
     cpu_a = now.cpu_free[node] + np.array(ch, dtype=np.int64)
     mem_a = now.mem_free[node] + np.array(mh, dtype=np.int64)
-    # (a pod's request is the workload's CPU and memory: both probes ask the same of them)
+    # (both probes ask the same CPU and memory of the node)
     room = (cpu_a >= np.array(cpu, dtype=np.int64)) & (mem_a >= np.array(mem, dtype=np.int64))
     # where it is planned (``fits_placements`` of its one placement)
     planned = room.copy()
