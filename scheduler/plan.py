@@ -75,8 +75,14 @@ class ReclaimBudget(Budget):
     the reclaimer and capacity never ping-pongs. Victims already taken in the plan count against
     their side. ``refused`` names the last side a victim was refused for, ``why`` says why."""
 
-    def __init__(self, ctx: Cycle, reclaimer: str, amount: float):
+    def __init__(self, ctx: Cycle, reclaimer: str, amount: float, back: float = 0.0):
         self.ctx, self.reclaimer, self.amount = ctx, reclaimer, amount
+        # GPUs of the reclaimer's own lower-priority workloads that the same plan preempts
+        # (``preempt._combined``): they wait to come back, as borrowers wherever room is left, so
+        # the reclaimer's side is measured with them held (``back``), and a victim the guarantee
+        # rule would leave exactly as far below its guarantee as that side lacks stays (else the
+        # two queues' combined plans take the same GPU from each other for ever)
+        self.back = back
         self.sides: dict[str, tuple] = {}  # victim queue -> (side, its over, its held, its guarantee,
         #                                    reclaimer side's over, reclaimer side within guarantee after,
         #                                    reclaimer side)
@@ -94,13 +100,14 @@ class ReclaimBudget(Budget):
             aq, ap = ctx.tree.split(self.reclaimer, queue)
             held_q = ctx.held(aq) + self.amount
             hit = self.sides[queue] = (
-                ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], ctx.over(aq), held_q <= ctx.guar[aq] + EPS, aq)
+                ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], ctx.over(aq) + self.back,
+                held_q <= ctx.guar[aq] + EPS, aq)
         return hit
 
     def _short(self, aq: str) -> float:
         """How far the reclaimer's side ``aq`` is below its guarantee now (GPUs; <= 0: not)."""
         ctx = self.ctx
-        return ctx.guar[aq] - ctx.effective(aq)[0] - ctx.reserved[aq]
+        return ctx.guar[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - self.back
 
     def _refilled(self, aq: str, amt: float) -> bool:
         """Would the reclaimer's side ``aq`` end above its fair share once what this plan frees
@@ -108,7 +115,7 @@ class ReclaimBudget(Budget):
         victim that leaves its own side below its guarantee could come back by the fair-share rule
         (its queue, below its guarantee, may reclaim a workload of its size)."""
         ctx = self.ctx
-        mine = ctx.held(aq) + self.amount
+        mine = ctx.held(aq) + self.amount + self.back
         freed = sum(self.gone.values()) + amt - self.amount
         wants = max(0.0, ctx.demand_gpu[aq] - mine)
         return mine + min(max(0.0, freed), wants) > ctx.fair[aq].get("gpu", 0.0) + EPS
@@ -185,7 +192,7 @@ class ReclaimBudget(Budget):
         amt = self.ctx.amounts[v.id][0]
         if guaranteed and held - gone > guar + EPS:
             left = held - gone - amt
-            if (left >= guar - EPS or guar - left <= self._short(aq) + EPS
+            if (left >= guar - EPS or guar - left <= self._short(aq) + (-EPS if self.back else EPS)
                     or not (self.ctx.could_return(v, left, guar, self.taken) or self._refilled(aq, amt))):
                 # guarantee: take borrowed capacity back; a whole victim that takes its side below
                 # its guarantee by more than the reclaimer's side lacks only if it cannot come back:
@@ -245,7 +252,7 @@ class ReclaimBudget(Budget):
             smallest[side] = min(smallest.get(side, amt), amt)
         ctx = self.ctx
         for aq, taken in levels.items():
-            mine = ctx.held(aq) + self.amount
+            mine = ctx.held(aq) + self.amount + self.back
             if mine > ctx.guar[aq] + EPS:
                 # the reclaimer's side ends above its guarantee: a victim side this plan takes below
                 # its own guarantee, far enough that one of its victims fits back within it, would
@@ -258,11 +265,11 @@ class ReclaimBudget(Budget):
                         self.why = {"holder": side, "held": left + amt, "fair": ctx.fair[side].get("gpu", 0.0),
                                     "guarantee": ctx.guar[side], "rule": "back", "taken": amt}
                         return False
-            before = ctx.over(aq)
+            before = ctx.over(aq) + self.back
             # what the victims free beyond the reclaimer's need counts as the reclaimer's side's as
             # far as that side wants more (it would take it next, by lending or by priority)
             excess = max(0.0, sum(taken.values()) - self.amount)
-            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - self.amount)
+            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - self.amount - self.back)
             after = before + self.amount + min(excess, wants)
             change = after * after - before * before
             for side, amt in taken.items():
@@ -709,8 +716,8 @@ class _Refusals:
             amounts.append(ctx.amounts[v.id][0])
             levels[aq] = (sides, amounts, max(most, over))
         for aq, (sides, amounts, most) in levels.items():
-            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - b.amount)
-            if _least_change(ctx.over(aq), b.amount, wants, len(sides), most, min(amounts), sum(amounts)) < -EPS:
+            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - b.amount - b.back)
+            if _least_change(ctx.over(aq) + b.back, b.amount, wants, len(sides), most, min(amounts), sum(amounts)) < -EPS:
                 return False
         return True
 

@@ -129,7 +129,7 @@ def _combined(ctx: Cycle, c: Candidate, own: list[Workload]) -> bool:
         # only within its guarantee once its own victims are gone: a borrower swapping by priority
         # takes no other borrower's GPUs (two borrowing queues would take them back and forth)
         if ctx.held(w.queue) + amt <= ctx.guar[w.queue] + EPS:
-            budget = ReclaimBudget(ctx, w.queue, amt)
+            budget = ReclaimBudget(ctx, w.queue, amt, back=sum(ctx.amounts[v.id][0] for v in own[:k]))
             sides = {v.queue for v in others if budget.candidate_side(v.queue)}
             found = plan(ctx, c, None, budget, queues=sides) if sides else None
         if found is None:

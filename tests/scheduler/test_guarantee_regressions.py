@@ -190,3 +190,46 @@ def test_closer_to_fair_leaves_no_queue_inside_a_side_further_from_its_share():
     assert why.code == Code.RECLAIM_REFUSED
     assert why.detail["rule"] == "inside" and why.detail["below"] == "p2" and why.detail["holder"] == "dept"
     assert "within it to p2" in describe(why)
+
+
+def _combined_world(b_low: float) -> World:
+    """A (deserved 1) runs a low-priority half GPU and asks for one GPU at priority 50; B (deserved
+    1) runs a high-priority GPU and a low-priority ``b_low`` away from it; C fills the rest, within
+    its own deserved GPU. A whole GPU for A comes only from B's high-priority workload, with A's
+    low one preempted."""
+    nodes = [NodeSpec("n0", gpus=2, gpu_memory=80 * 2**30), NodeSpec("n1", gpus=1, gpu_memory=80 * 2**30)]
+    queues = [QueueSpec(q, deserved={"gpu": 1}) for q in ("A", "B", "C")]
+    work = [running(Workload("B-hi", "B", gpus=1, priority=90), "n0", (0,)),
+            running(Workload("A-lo", "A", gpus=0.5, priority=10), "n0", (1,), fraction=0.5),
+            running(Workload("C-x", "C", gpus=0.5), "n0", (1,), fraction=0.5),
+            running(Workload("B-lo", "B", gpus=b_low, priority=10), "n1", (0,), fraction=b_low),
+            running(Workload("C-y", "C", gpus=1 - b_low), "n1", (0,), fraction=1 - b_low),
+            Workload("A-hi", "A", gpus=1, priority=50, submit_time=1.0)]
+    return World(nodes, queues, work, SchedulerConfig(min_runtime=0))
+
+
+def _settle(world: World, t0: float, cycles: int) -> list[str]:
+    """Run ``cycles`` cycles from ``t0``, releasing what each evicts at once; the evictions made."""
+    out = []
+    for i in range(cycles):
+        r = world.cycle(t0 + i)
+        for e in r.evictions:
+            out.append(f"t={t0 + i:g} {e.workload} ({e.cause})")
+            world.release(e.workload)
+    return out
+
+
+def test_a_combined_plan_counts_its_own_victims_as_coming_back():
+    """A's own low-priority half would be preempted only to make quota room: it comes straight back
+    as a borrower beside C. Taking B's whole GPU would then leave B (half a GPU of its own left)
+    just as far below its guarantee as A lacks now, and B would take it back the same way: no
+    plan. With three quarters of its own left, B ends a quarter short, less than A lacks: the plan
+    goes ahead, and B does not take it back."""
+    tied = _combined_world(0.5)
+    assert _settle(tied, 10.0, 6) == []
+    assert tied.by("A-hi").phase == Phase.PENDING
+    assert tied.by("B-hi").phase == Phase.RUNNING
+    less = _combined_world(0.75)
+    moved = _settle(less, 10.0, 12)
+    assert moved == ["t=10 A-lo (priority)", "t=10 B-hi (reclaim)"], moved
+    assert less.by("A-hi").phase == Phase.RUNNING and less.by("A-lo").phase == Phase.RUNNING
