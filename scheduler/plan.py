@@ -23,7 +23,6 @@ from . import cycle
 from .cycle import Candidate, Cycle, Statement, fits_on
 from .fairshare import EPS
 from .model import PodPlacement, Workload
-from .victims import victim_key
 
 MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
 _UNSET: dict = {}  # a budget's ``why`` before a search that may leave a refusal
@@ -295,9 +294,16 @@ class _Pool:
         for v in victims:
             groups.setdefault(v.queue, []).append(v)
         t = ctx.now_t
-        for lst in groups.values():
-            # victim_key with the queue's excess left out: constant within a queue
-            lst.sort(key=lambda v: victim_key(v, t, ctx.amounts[v.id][0]))
+        cost = ctx.victim_cost
+        # each victim's ``victim_key`` less the queue's excess (constant within a queue): the work
+        # it loses, its priority, its start (negated), its id; worked out once for the passes
+        self.keys = keys = {}
+        for q, lst in groups.items():
+            ks = [(cost(v), v.priority, -(v.started_at if v.started_at is not None else t), v.id) for v in lst]
+            ks.sort()
+            by_id = {v.id: v for v in lst}
+            groups[q] = [by_id[k[3]] for k in ks]
+            keys[q] = ks
         self.groups = groups
         self.excess = {q: ctx.over(q) for q in groups}
 
@@ -341,19 +347,21 @@ class _Pool:
                 return chosen, refused
 
     def _pick(self, idx: dict[str, int], gone: dict[str, float], taken: set[str]) -> Workload | None:
-        ctx, t = self.ctx, self.ctx.now_t
+        """The next victim: the least ``victim_key`` among the queues' first victims not taken."""
         best, best_key = None, None
+        keys, excess = self.keys, self.excess
         for q, lst in self.groups.items():
             i = idx[q]
-            while i < len(lst) and lst[i].id in taken:
+            n = len(lst)
+            while i < n and lst[i].id in taken:
                 i += 1
             idx[q] = i
-            if i == len(lst):
+            if i == n:
                 continue
-            v = lst[i]
-            k = (ctx.victim_cost(v), -(self.excess[q] - gone.get(q, 0.0))) + victim_key(v, t, 0.0)[2:]
+            s = keys[q][i]
+            k = (s[0], gone.get(q, 0.0) - excess[q], s[1], s[2], s[3])
             if best_key is None or k < best_key:
-                best, best_key = v, k
+                best, best_key = lst[i], k
         return best
 
 
