@@ -69,8 +69,15 @@ both in either order, or none) and, in half of its examples, turns fairness over
 (liveness and stability; steady state is checked without it, since past usage moves shares as it
 ages). Liveness is then judged per pool.
 
+The **deep** generator (``scenarios(extended=True, deep=True)``, the ``test_deep_*`` properties:
+liveness and stability judged on one replay, and steady state)
+adds a third level to the extended one: an organisation over the department and ``q0``, and
+sometimes a third project in the department, so that reclaims meet at the top, inside the
+organisation and inside the department.
+
 Each original property runs ``GUARANTEE_EXAMPLES`` examples, each extended one
-``GUARANTEE_EXTENDED_EXAMPLES`` and each pooled one ``GUARANTEE_POOLED_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
+``GUARANTEE_EXTENDED_EXAMPLES``, each pooled one ``GUARANTEE_POOLED_EXAMPLES`` and each deep one
+``GUARANTEE_DEEP_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
 only the original generator, ``-k extended`` only the new one); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000``, ``GUARANTEE_RANDOM=1`` (a fresh random stream instead of CI's fixed
 examples, which are derandomized and leave the project's own literals out, so that they do not
@@ -100,6 +107,7 @@ from guarantee_scenarios import EPS, example_settings as _settings, scenarios, t
 N = int(os.environ.get("GUARANTEE_EXAMPLES", "200"))  # per property, the original generator
 N_EXTENDED = int(os.environ.get("GUARANTEE_EXTENDED_EXAMPLES", "150"))  # per property, over-commit + node events
 N_POOLED = int(os.environ.get("GUARANTEE_POOLED_EXAMPLES", "40"))  # per property, node pools + fairness over time
+N_DEEP = int(os.environ.get("GUARANTEE_DEEP_EXAMPLES", "100"))  # per property, three levels + over-commit + node events
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 DUMP = os.environ.get("GUARANTEE_DUMP")  # a folder: each counterexample is written there as a scenario file
 
@@ -423,6 +431,28 @@ def test_pooled_steady_state_makes_no_preemptions(case, seed):
     assert not bad, bad
 
 
+# -- three levels --------------------------------------------------------------------------------
+# Liveness and stability judged on one replay each (the liveness replay's report is the one the
+# stability judge reads).
+@_settings(N_DEEP)
+@given(scenarios(extended=True, deep=True), st.integers(0, 2))
+def test_deep_entitled_workloads_start_in_time_and_none_is_preempted_twice(data, seed):
+    late, report = liveness_failures(data, seed)
+    assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
+    bad = thrash(report)
+    for kind, found in (("liveness", late), ("stability", bad)):
+        dump(kind, data, seed, found)
+    assert not late and not bad, late + bad
+
+
+@_settings(N_DEEP)
+@given(scenarios(steady=True, extended=True, deep=True), st.integers(0, 2))
+def test_deep_steady_state_makes_no_preemptions(case, seed):
+    bad = late_evictions(case[0], case[1], seed)
+    dump("steady", case[0], seed, bad)
+    assert not bad, bad
+
+
 # -- regression scenarios (counterexamples and the issue's failures) ------------------------------
 def scenario_data(name: str) -> dict:
     import yaml
@@ -680,6 +710,25 @@ def test_extended_generator_draws_overcommit_and_node_events_and_the_original_do
     original()
     assert 5 <= sum(o for o, _ in seen) <= 25  # about half over-commit
     assert set().union(*(a for _, a in seen)) == {"fail", "drain", "return"}
+
+
+def test_deep_generator_draws_three_levels_that_parse():
+    """The deep generator puts the department and q0 under an organisation deserving at least
+    what they do, adds a third project some of the time, and every tree it draws is accepted."""
+    seen: list[set] = []
+
+    @_settings(30)
+    @given(scenarios(extended=True, deep=True))
+    def deep(d):
+        by = {q["name"]: q for q in d["queues"]}
+        assert by["dept"]["parent"] == by["q0"]["parent"] == "org" and "parent" not in by["org"]
+        assert by["org"]["deserved"]["gpu"] >= by["dept"]["deserved"]["gpu"] + by["q0"]["deserved"]["gpu"]
+        assert {w["queue"] for w in d["workloads"]} <= set(by) - {"org", "dept"}
+        parse_scenario(d)
+        seen.append(set(by))
+
+    deep()
+    assert 3 <= sum("p3" in names for names in seen) <= 27  # about half
 
 
 def test_regress_a_dropped_reservation_is_followed_by_a_cycle():

@@ -72,11 +72,12 @@ def example_settings(n: int):
 
 # -- scenarios -----------------------------------------------------------------------------------
 @st.composite
-def scenarios(draw, *, steady: bool = False, extended: bool = False, pooled: bool = False):
+def scenarios(draw, *, steady: bool = False, extended: bool = False, pooled: bool = False, deep: bool = False):
     """A random scenario (see the module docstring); ``extended`` adds over-committed quotas and
-    node events; ``pooled`` node pools (and, unless ``steady``, fairness over time). With both
-    False the draws are exactly those of the original generator, so CI's fixed examples stay the
-    same."""
+    node events; ``pooled`` node pools (and, unless ``steady``, fairness over time); ``deep`` a
+    third level of queues (``_deepen``; not with ``pooled``). With all three False the draws are
+    exactly those of the original generator, so CI's fixed examples stay the same."""
+    assert not (deep and pooled), "the pooled quotas are drawn for the two-level tree"
     cycle = draw(st.sampled_from([1, 5]))
     grace = cycle * draw(st.sampled_from([0, 2, 6]))
     min_runtime = cycle * draw(st.sampled_from([0, 0, 4]))
@@ -117,7 +118,9 @@ def scenarios(draw, *, steady: bool = False, extended: bool = False, pooled: boo
             q["limit"] = {"gpu": q["deserved"]["gpu"] + draw(st.integers(0, 4))}
     if "limit" in queues[0]:  # a department's limit never below its projects' deserved
         queues[0]["limit"]["gpu"] = max(queues[0]["limit"]["gpu"], a + b)
-    leaves = [q["name"] for q in queues if q["name"] != "dept"]
+    if deep:
+        _deepen(draw, queues, capacity)
+    leaves = [q["name"] for q in queues if q["name"] not in ("dept", "org")]
 
     span = draw(st.integers(20, 120)) * 5  # arrivals keep coming over this many seconds
     workloads = []
@@ -171,6 +174,32 @@ def scenarios(draw, *, steady: bool = False, extended: bool = False, pooled: boo
     data = {"name": "random", "config": config, "cluster": cluster, "queues": queues,
             "workloads": workloads}
     return (data, settle) if steady else data
+
+
+def _deepen(draw, queues: list[dict], capacity: int) -> None:
+    """Three levels: an organisation ``org`` over the department and ``q0``, deserving at least
+    what they deserve together (up to what the top level leaves over), sometimes with a weight or
+    a limit of its own (never below its children's deserved); and, half the time, a third project
+    ``p3`` in the department with what its other projects leave of it. Queues that reclaim from
+    one another then meet at the top, inside ``org`` and inside ``dept``."""
+    by = {q["name"]: q for q in queues}
+    dept, q0 = by["dept"], by["q0"]
+    spare = max(0, capacity - sum(q["deserved"]["gpu"] for q in queues if q.get("parent") is None))
+    inner = dept["deserved"]["gpu"] + q0["deserved"]["gpu"]
+    org: dict = {"name": "org", "deserved": {"gpu": inner + draw(st.integers(0, spare))},
+                 "over_quota_weight": draw(st.sampled_from([1, 2]))}
+    if draw(st.integers(0, 3)) == 0:
+        org["limit"] = {"gpu": org["deserved"]["gpu"] + draw(st.integers(0, 4))}
+    dept["parent"] = q0["parent"] = "org"
+    queues.insert(0, org)
+    if draw(st.booleans()):
+        projects = sum(q["deserved"]["gpu"] for q in queues if q.get("parent") == "dept")
+        queues.append({"name": "p3", "parent": "dept",
+                       "deserved": {"gpu": draw(st.integers(0, max(0, dept["deserved"]["gpu"] - projects)))},
+                       "over_quota_weight": draw(st.sampled_from([1, 2]))})
+        lim = dept.get("limit")
+        if lim is not None:  # a department's limit never below its projects' deserved
+            lim["gpu"] = max(lim["gpu"], projects + queues[-1]["deserved"]["gpu"])
 
 
 def _poolify(draw, nodes: list[dict], queues: list[dict], workloads: list[dict], cycle: int) -> None:
