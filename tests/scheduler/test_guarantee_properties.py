@@ -69,15 +69,16 @@ both in either order, or none) and, in half of its examples, turns fairness over
 (liveness and stability; steady state is checked without it, since past usage moves shares as it
 ages). Liveness is then judged per pool.
 
-The **deep** generator (``scenarios(extended=True, deep=True)``, the ``test_deep_*`` properties:
-liveness and stability judged on one replay, and steady state)
-adds a third level to the extended one: an organisation over the department and ``q0``, and
-sometimes a third project in the department, so that reclaims meet at the top, inside the
-organisation and inside the department.
+The **deep** generator (``scenarios(extended=True, deep=True)``) adds a third level to the
+extended one: an organisation over the department and ``q0``, and sometimes a third project in
+the department, so that reclaims meet at the top, inside the organisation and inside the
+department. The ``test_mixed_*`` properties draw from it and from the pooled generator with the
+extended one's over-commit and node events (``scenarios(extended=True, pooled=True)``); liveness
+and stability are judged there on one replay.
 
 Each original property runs ``GUARANTEE_EXAMPLES`` examples, each extended one
-``GUARANTEE_EXTENDED_EXAMPLES``, each pooled one ``GUARANTEE_POOLED_EXAMPLES`` and each deep one
-``GUARANTEE_DEEP_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
+``GUARANTEE_EXTENDED_EXAMPLES``, each pooled one ``GUARANTEE_POOLED_EXAMPLES`` and each mixed one
+``GUARANTEE_MIXED_EXAMPLES`` (the CI counts are the defaults below; ``-k "not extended"`` runs
 only the original generator, ``-k extended`` only the new one); hunt with e.g.
 ``GUARANTEE_EXAMPLES=2000``, ``GUARANTEE_RANDOM=1`` (a fresh random stream instead of CI's fixed
 examples, which are derandomized and leave the project's own literals out, so that they do not
@@ -107,7 +108,7 @@ from guarantee_scenarios import EPS, example_settings as _settings, scenarios, t
 N = int(os.environ.get("GUARANTEE_EXAMPLES", "200"))  # per property, the original generator
 N_EXTENDED = int(os.environ.get("GUARANTEE_EXTENDED_EXAMPLES", "150"))  # per property, over-commit + node events
 N_POOLED = int(os.environ.get("GUARANTEE_POOLED_EXAMPLES", "40"))  # per property, node pools + fairness over time
-N_DEEP = int(os.environ.get("GUARANTEE_DEEP_EXAMPLES", "100"))  # per property, three levels + over-commit + node events
+N_MIXED = int(os.environ.get("GUARANTEE_MIXED_EXAMPLES", "150"))  # per property: deep, or pooled with node events
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 DUMP = os.environ.get("GUARANTEE_DUMP")  # a folder: each counterexample is written there as a scenario file
 
@@ -431,12 +432,17 @@ def test_pooled_steady_state_makes_no_preemptions(case, seed):
     assert not bad, bad
 
 
-# -- three levels --------------------------------------------------------------------------------
+# -- three levels; node pools with over-commit and node events -----------------------------------
 # Liveness and stability judged on one replay each (the liveness replay's report is the one the
 # stability judge reads).
-@_settings(N_DEEP)
-@given(scenarios(extended=True, deep=True), st.integers(0, 2))
-def test_deep_entitled_workloads_start_in_time_and_none_is_preempted_twice(data, seed):
+MIXED = st.one_of(scenarios(extended=True, deep=True), scenarios(extended=True, pooled=True))
+MIXED_STEADY = st.one_of(scenarios(steady=True, extended=True, deep=True),
+                         scenarios(steady=True, extended=True, pooled=True))
+
+
+@_settings(N_MIXED)
+@given(MIXED, st.integers(0, 2))
+def test_mixed_entitled_workloads_start_in_time_and_none_is_preempted_twice(data, seed):
     late, report = liveness_failures(data, seed)
     assert report["metrics"]["invariant_violations"] == 0, report.get("violations")
     bad = thrash(report)
@@ -445,9 +451,9 @@ def test_deep_entitled_workloads_start_in_time_and_none_is_preempted_twice(data,
     assert not late and not bad, late + bad
 
 
-@_settings(N_DEEP)
-@given(scenarios(steady=True, extended=True, deep=True), st.integers(0, 2))
-def test_deep_steady_state_makes_no_preemptions(case, seed):
+@_settings(N_MIXED)
+@given(MIXED_STEADY, st.integers(0, 2))
+def test_mixed_steady_state_makes_no_preemptions(case, seed):
     bad = late_evictions(case[0], case[1], seed)
     dump("steady", case[0], seed, bad)
     assert not bad, bad
