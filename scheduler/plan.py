@@ -99,9 +99,25 @@ class ReclaimBudget(Budget):
             aq, ap = ctx.tree.split(self.reclaimer, queue)
             held_q = ctx.held(aq) + self.amount
             hit = self.sides[queue] = (
-                ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], ctx.over(aq) + self.back,
+                ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], self._over_mine(aq),
                 held_q <= ctx.guar[aq] + EPS, aq)
         return hit
+
+    def _mine(self, aq: str) -> float:
+        """GPUs the reclaimer's side ``aq`` holds once this plan's need is met, the plan's own
+        preempted workloads counted as held (``back``)."""
+        return self.ctx.held(aq) + self.amount + self.back
+
+    def _over_mine(self, aq: str) -> float:
+        """GPUs the reclaimer's side ``aq`` holds above its fair share now, the plan's own
+        preempted workloads counted as held (``back``)."""
+        return self.ctx.over(aq) + self.back
+
+    def _wants(self, aq: str) -> float:
+        """GPUs the reclaimer's side ``aq`` still asks for beyond what it holds, is promised and
+        this plan's need (its own preempted workloads counted as held)."""
+        ctx = self.ctx
+        return max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - self.amount - self.back)
 
     def _short(self, aq: str) -> float:
         """How far the reclaimer's side ``aq`` is below its guarantee now (GPUs; <= 0: not)."""
@@ -114,7 +130,7 @@ class ReclaimBudget(Budget):
         victim that leaves its own side below its guarantee could come back by the fair-share rule
         (its queue, below its guarantee, may reclaim a workload of its size)."""
         ctx = self.ctx
-        mine = ctx.held(aq) + self.amount + self.back
+        mine = self._mine(aq)
         freed = sum(self.gone.values()) + amt - self.amount
         wants = max(0.0, ctx.demand_gpu[aq] - mine)
         return mine + min(max(0.0, freed), wants) > ctx.fair[aq].get("gpu", 0.0) + EPS
@@ -251,7 +267,7 @@ class ReclaimBudget(Budget):
             smallest[side] = min(smallest.get(side, amt), amt)
         ctx = self.ctx
         for aq, taken in levels.items():
-            mine = ctx.held(aq) + self.amount + self.back
+            mine = self._mine(aq)
             if mine > ctx.guar[aq] + EPS:
                 # the reclaimer's side ends above its guarantee: a victim side this plan takes below
                 # its own guarantee, far enough that one of its victims fits back within it, would
@@ -264,12 +280,11 @@ class ReclaimBudget(Budget):
                         self.why = {"holder": side, "held": left + amt, "fair": ctx.fair[side].get("gpu", 0.0),
                                     "guarantee": ctx.guar[side], "rule": "back", "taken": amt}
                         return False
-            before = ctx.over(aq) + self.back
+            before = self._over_mine(aq)
             # what the victims free beyond the reclaimer's need counts as the reclaimer's side's as
             # far as that side wants more (it would take it next, by lending or by priority)
             excess = max(0.0, sum(taken.values()) - self.amount)
-            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - self.amount - self.back)
-            after = before + self.amount + min(excess, wants)
+            after = before + self.amount + min(excess, self._wants(aq))
             change = after * after - before * before
             for side, amt in taken.items():
                 o = self.ctx.over(side)
@@ -300,10 +315,9 @@ class _Pool:
         self.keys = keys = {}
         for q, lst in groups.items():
             ks = [(cost(v), v.priority, -(v.started_at if v.started_at is not None else t), v.id) for v in lst]
-            ks.sort()
-            by_id = {v.id: v for v in lst}
-            groups[q] = [by_id[k[3]] for k in ks]
-            keys[q] = ks
+            order = sorted(range(len(lst)), key=ks.__getitem__)
+            groups[q] = [lst[i] for i in order]
+            keys[q] = [ks[i] for i in order]
         self.groups = groups
         self.excess = {q: ctx.over(q) for q in groups}
 
@@ -724,8 +738,8 @@ class _Refusals:
             amounts.append(ctx.amounts[v.id][0])
             levels[aq] = (sides, amounts, max(most, over))
         for aq, (sides, amounts, most) in levels.items():
-            wants = max(0.0, ctx.demand_gpu[aq] - ctx.effective(aq)[0] - ctx.reserved[aq] - b.amount - b.back)
-            if _least_change(ctx.over(aq) + b.back, b.amount, wants, len(sides), most, min(amounts), sum(amounts)) < -EPS:
+            if _least_change(b._over_mine(aq), b.amount, b._wants(aq), len(sides), most, min(amounts),
+                             sum(amounts)) < -EPS:
                 return False
         return True
 

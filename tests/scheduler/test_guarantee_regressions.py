@@ -45,6 +45,16 @@ class World:
         w = self.by(wid)
         w.phase, w.placements, w.started_at = Phase.PENDING, (), None
 
+    def settle(self, t0: float, cycles: int) -> list[str]:
+        """Run ``cycles`` cycles a second apart from ``t0``, each victim released at once; the
+        evictions made, as ``t=T workload (cause)``."""
+        out = []
+        for i in range(cycles):
+            for e in self.cycle(t0 + i).evictions:
+                out.append(f"t={t0 + i:g} {e.workload} ({e.cause})")
+                self.release(e.workload)
+        return out
+
 
 def test_reclaimed_capacity_is_held_while_victims_release():
     """Issues 8.2 and 8.5: what a reclaim frees, and what is idle, is held for the reclaimer: a
@@ -208,17 +218,6 @@ def _combined_world(b_low: float) -> World:
     return World(nodes, queues, work, SchedulerConfig(min_runtime=0))
 
 
-def _settle(world: World, t0: float, cycles: int) -> list[str]:
-    """Run ``cycles`` cycles from ``t0``, releasing what each evicts at once; the evictions made."""
-    out = []
-    for i in range(cycles):
-        r = world.cycle(t0 + i)
-        for e in r.evictions:
-            out.append(f"t={t0 + i:g} {e.workload} ({e.cause})")
-            world.release(e.workload)
-    return out
-
-
 def test_a_combined_plan_counts_its_own_victims_as_coming_back():
     """A's own low-priority half would be preempted only to make quota room: it comes straight back
     as a borrower beside C. Taking B's whole GPU would then leave B (half a GPU of its own left)
@@ -226,10 +225,10 @@ def test_a_combined_plan_counts_its_own_victims_as_coming_back():
     plan. With three quarters of its own left, B ends a quarter short, less than A lacks: the plan
     goes ahead, and B does not take it back."""
     tied = _combined_world(0.5)
-    assert _settle(tied, 10.0, 6) == []
+    assert tied.settle(10.0, 6) == []
     assert tied.by("A-hi").phase == Phase.PENDING
     assert tied.by("B-hi").phase == Phase.RUNNING
     less = _combined_world(0.75)
-    moved = _settle(less, 10.0, 12)
+    moved = less.settle(10.0, 12)
     assert moved == ["t=10 A-lo (priority)", "t=10 B-hi (reclaim)"], moved
     assert less.by("A-hi").phase == Phase.RUNNING and less.by("A-lo").phase == Phase.RUNNING
