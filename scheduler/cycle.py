@@ -11,6 +11,7 @@ Two capacity views are kept per cycle:
 """
 from __future__ import annotations
 
+import math
 import operator
 from collections import Counter
 from itertools import repeat
@@ -944,6 +945,23 @@ class Cycle:
             if w.id not in self.evicted and w.id not in taken:
                 return True
         return False
+
+    def lowest_running_priority(self, q: str) -> float:
+        """The lowest priority among ``q``'s preemptible workloads that keep running (not evicted
+        this cycle) or start: ``runs_lower_priority(v, set())`` is ``v.priority`` above it (inf:
+        none)."""
+        prios = self._starting_prios.get(q)
+        lo = min((p for p, n in prios.items() if n > 0), default=math.inf) if prios else math.inf
+        ranked = self.cache.setdefault("preemptible-ranked", {})
+        mine = ranked.get(q)
+        if mine is None:
+            mine = ranked[q] = sorted(self.preemptible_by_queue(young=True).get(q, ()), key=_PRIORITY)
+        for w in mine:
+            if w.priority >= lo:
+                break
+            if w.id not in self.evicted:
+                return w.priority
+        return lo
 
     def preemptible_by_queue(self, young: bool = False) -> dict[str, list[Workload]]:
         """The preemptible running workloads by queue, grouped once a cycle (in running order;

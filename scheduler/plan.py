@@ -468,6 +468,7 @@ class _VictimIndex:
         self.per_node: dict[int, list[tuple[Workload, int]]] = {}
         per_node, victim_nodes, victim_cost = self.per_node, ctx.victim_nodes, ctx.victim_cost
         cols, milli, queue, cost = [], [], [], []
+        self._victims = victims = []  # each entry's victim, before the sort (``facts``)
         for v in ctx.preemptible_running():
             qi, k = qn[v.queue], victim_cost(v)
             for n, m in victim_nodes(v):
@@ -476,11 +477,12 @@ class _VictimIndex:
                 milli.append(m)
                 queue.append(qi)
                 cost.append(k)
+                victims.append(v)
         entries = bool(cols)
         # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed);
         # the sort is stable: a node's entries of one share keep the victims' order
         milli_a, cols_a = np.array(milli, dtype=np.int64), np.array(cols, dtype=np.int64)
-        order = np.lexsort((-milli_a, cols_a))
+        order = self._order = np.lexsort((-milli_a, cols_a))
         cols = cols_a[order]
         self.milli = milli_a[order]
         self.queue = np.array(queue, dtype=np.int64)[order]
@@ -497,6 +499,20 @@ class _VictimIndex:
         self.milli_l = self.milli.tolist()
         self.cost_l = self.cost.tolist()
         self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
+        self._facts: tuple | None = None
+
+    def facts(self, ctx: Cycle) -> tuple:
+        """Per entry, its victim's GPUs and priority (arrays), and each victim's entries (worked
+        out once a cycle, when a walk first needs them)."""
+        if self._facts is None:
+            vs = [self._victims[k] for k in self._order.tolist()]
+            amounts = ctx.amounts
+            where: dict[str, list[int]] = {}
+            for e, v in enumerate(vs):
+                where.setdefault(v.id, []).append(e)
+            self._facts = (np.array([amounts[v.id][0] for v in vs], dtype=float),
+                           np.array([v.priority for v in vs], dtype=float), where)
+        return self._facts
 
 
 def _index(ctx: Cycle) -> _VictimIndex:
@@ -511,7 +527,8 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
     the state (kept for the cycle: reclaimers of one side ask for the same queues again): the
     GPU milli their entries hold per node, the least work one of their victims
     loses per node (and rounded as plans' costs are), their entries that hold GPUs, and which
-    queues are theirs (a list by queue number: read entry by entry, node by node)."""
+    queues are theirs (a list by queue number: read entry by entry, node by node; and as an
+    array)."""
     key = frozenset(queues)
     hit = idx.views.get(key)
     if hit is None:
@@ -522,19 +539,25 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
         least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
         hit = idx.views[key] = (
             np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), mine & (idx.milli > 0),
-            sel.tolist())
+            sel.tolist(), sel)
     return hit
 
 
-def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, free: np.ndarray):
+def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, free: np.ndarray,
+                      skip: _Skip | None = None):
     """Nodes worth planning on, with a lower bound on a plan's cost there, best first: the least
     work one victim of ``queues`` there loses, one victim, the most over-quota queue there; and a
-    function that gives a tighter bound (worked out only for the nodes it is asked for)."""
+    function that gives a tighter bound (worked out only for the nodes it is asked for).
+
+    ``skip`` (a reclaim's walk), once ``SKIP_AFTER`` nodes were yielded: while no plan is found,
+    of each run of nodes where the budget refuses every victim first only the last one a search
+    would judge is yielded (the walk over such a node only leaves its refusal); once one is
+    found, neither those nor the nodes whose tighter bound cannot beat it are (``_Skip``)."""
     idx = _index(ctx)
     if not idx.nodes.size:
         return
     fut = ctx.future
-    room, least, rounded, holding, theirs = _queue_view(idx, queues)
+    room, least, rounded, holding, theirs, sel = _queue_view(idx, queues)
     nodes = idx.nodes
     free_n = free[nodes]
     ok = (room > 0) & (free_n + room >= need) & fut.schedulable[nodes]
@@ -578,11 +601,42 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         most_any = max(ov[queue_l[e]] for e in mine_e)
         return (lost, fewest, -most_any)
 
-    for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
+    def item(i: int) -> tuple:
         n = int(cand[i])
-        yield ((float(lost[i]), 1, -float(most[i])), n,
-               [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in evicted],
-               lambda j=int(runs[i]): tighter(j))
+        return ((float(lost[i]), 1, -float(most[i])), n,
+                [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in evicted],
+                lambda j=int(runs[i]): tighter(j))
+
+    if skip is None:
+        for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
+            yield item(i)
+        return
+    refused = judged = beyond = None  # per run: victims all refused first; judged; no better plan
+    held_back, walked, seen = -1, 0, None
+    for i in np.lexsort((cand, -most, lost)).tolist():
+        if walked >= SKIP_AFTER:
+            j = runs[i]
+            if refused is None:
+                refused, judged = skip.refused_runs(idx, sel, need, free)
+            if skip.open:
+                if refused[j]:
+                    if judged[j]:
+                        held_back = i
+                    continue
+            else:
+                if refused[j]:  # once a plan is found, what the budget refuses is not read
+                    continue
+                if seen != skip.best:
+                    beyond, seen = skip.beyond(idx, sel, least, need, free), skip.best
+                if beyond[j]:
+                    continue
+        if held_back >= 0:
+            yield item(held_back)
+            held_back = -1
+        walked += 1
+        yield item(i)
+    if held_back >= 0:
+        yield item(held_back)
 
 
 def _nodes_from_list(ctx: Cycle, c: Candidate, victims: list[Workload], need: int, free: np.ndarray):
@@ -619,12 +673,14 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     fut = ctx.future
     need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
     free = fut.gpu_free.sum(axis=1)
+    judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget and cycle.SHORTCUTS else None
+    skip = None
     if victims is None:
-        nodes = _nodes_from_index(ctx, c, queues, need, free)
+        skip = _Skip(ctx, budget) if judge is not None else None
+        nodes = _nodes_from_index(ctx, c, queues, need, free, skip)
     else:
         nodes = _nodes_from_list(ctx, c, victims, need, free)
     best: tuple[tuple, list[Workload], int] | None = None
-    judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget and cycle.SHORTCUTS else None
     owed = None  # the last node skipped as never closer to fair, unless a later one left the refusal
 
     def search(n: int, vs: list[tuple[Workload, int]]):
@@ -664,6 +720,8 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
             cost = found[0] + (n,)
             if best is None or cost < best[0]:
                 best = (cost, found[1], n)
+                if skip is not None:
+                    skip.open, skip.best = False, best[0][:3]  # bounds now decide which nodes are judged
     if owed is not None:  # the refusal the last skipped node's search leaves, as if searched
         search(*owed)
     if best is None:
@@ -749,6 +807,126 @@ class _Refusals:
             refused = self._judge(lambda: self.budget.allows(v) and self.budget.accepts([v]))
             if refused is not None:
                 self.alone[self._key(v)] = refused
+
+
+SKIP_AFTER = 16  # nodes a reclaim's walk judges one by one before it marks the refused ones at once
+
+
+class _Skip:
+    """Which nodes of a reclaim's walk the budget refuses outright: every victim there is refused
+    first (``_Refusals.hopeless``), judged for all the victim index's entries at once.
+
+    Where nothing is taken yet, ``ReclaimBudget.allows`` refuses a victim of GPUs ``a`` whose
+    side is not one the guarantee rule takes from (then it is not judged here: its node is
+    walked) when the side is no better off than the reclaimer's (``share``); or when the side
+    neither keeps its guarantee without the victim nor holds more than its fair share; or when a
+    queue below the side, down to the victim's, is less than ``a / 2`` above its fair share
+    (``inside``); or when its queue runs a workload of lower priority (``priority``). Each test
+    below is the same arithmetic on the same numbers, so the answers are the budget's own. While
+    no plan is found, walking such a node only leaves its refusal in the budget, so of a run of
+    them only the last that a search would judge (victims left, room enough) needs walking. Once
+    a plan is found, the refusals are not read (they only explain a plan not made), so such nodes
+    are not walked at all, nor those ``beyond`` the best plan.
+    ``open``: no plan found yet; ``best``: the best plan's cost since."""
+
+    def __init__(self, ctx: Cycle, budget: ReclaimBudget):
+        self.ctx, self.budget = ctx, budget
+        self.open = True
+        self.best: tuple | None = None  # the best plan's cost once one is found
+
+    def beyond(self, idx: _VictimIndex, sel: np.ndarray, least: np.ndarray, need: int,
+               free: np.ndarray) -> np.ndarray:
+        """Per run of the index (a node): can no plan there beat the best found, by the first two
+        places of the tighter bound of ``_nodes_from_index`` (the fewest victims of the candidate
+        queues, largest first, that free what is short there, each losing at least the least work
+        one loses there)? The same arithmetic as that bound, for every node at once; the walk
+        would skip such a node on that bound (or stop at it)."""
+        theirs = sel[idx.queue]
+        milli = np.where(theirs, idx.milli, 0)
+        starts = idx.starts
+        total = np.cumsum(milli)
+        before = total - milli  # freed by the larger entries before each one, from the index's start
+        run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(milli))))
+        short = need - free[idx.nodes]
+        counted = theirs & (before - before[starts][run] < short[run])
+        fewest = np.maximum(np.add.reduceat(counted.astype(np.int64), starts), 1)
+        lost = np.rint((fewest * least - 1e-7) * 1e6) / 1e6
+        b0, b1 = self.best[0], self.best[1]
+        return (lost > b0) | ((lost == b0) & (fewest > b1))
+
+    def _sides(self, idx: _VictimIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per queue number: the queue number of its side against the reclaimer and that side's
+        depth; and the queues' ancestries (root first, -1 after the end). Kept for the cycle."""
+        ctx, r = self.ctx, self.budget.reclaimer
+        memo = ctx.cache.setdefault("reclaim-side-arrays", {})
+        hit = memo.get(r)
+        if hit is None:
+            anc = ctx.cache.get("queue-ancestry")
+            if anc is None:
+                paths = [ctx.tree.path(q) for q in idx.qn]
+                anc = np.full((len(paths), max(map(len, paths))), -1, dtype=np.int64)
+                for i, path in enumerate(paths):
+                    anc[i, :len(path)] = [idx.qn[x] for x in path]
+                depth = np.array([len(path) for path in paths], dtype=np.int64)
+                anc = ctx.cache["queue-ancestry"] = (anc, depth)
+            anc, depth = anc
+            mine = np.array([idx.qn[x] for x in ctx.tree.path(r)], dtype=np.int64)
+            k = min(len(mine), anc.shape[1])
+            common = np.cumprod(anc[:, :k] == mine[None, :k], axis=1).sum(axis=1)  # as ``QueueTree.split``
+            sd = np.minimum(common, depth - 1)
+            hit = memo[r] = (anc[np.arange(len(anc)), sd], sd, anc)
+        return hit
+
+    def refused_runs(self, idx: _VictimIndex, sel: np.ndarray, need: int,
+                     free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per run of the index (a node): are all its victims of the candidate queues (``sel``,
+        by queue number) that are not evicted refused first? And would a search judge the node
+        (such victims there, and with the node's free capacity, room for ``need``)?"""
+        ctx, b = self.ctx, self.budget
+        side, sd, anc = self._sides(idx)
+        amt, prio, where = idx.facts(ctx)
+        q = idx.queue
+        names = list(idx.qn)
+        nq = len(names)
+        # the sides' numbers, judged once per side among the candidate queues
+        cand = np.flatnonzero(sel)
+        sides, first = np.unique(side[cand], return_index=True)
+        unknown = np.zeros(nq, dtype=bool)
+        share = np.zeros(nq, dtype=bool)
+        above = np.zeros(nq, dtype=bool)
+        held = np.zeros(nq)
+        guar = np.zeros(nq)
+        for s_, rep in zip(sides.tolist(), cand[first].tolist()):
+            _, over, h, g, before, guaranteed, _ = b._side(names[rep])
+            unknown[s_] = guaranteed and h > g + EPS  # the guarantee rule: walked
+            share[s_] = over > before + EPS
+            above[s_] = over > EPS
+            held[s_], guar[s_] = h, g
+        # the least excess over fair share of the queues below each queue's side, down to it
+        over_q = ctx.over_all()
+        cols = np.arange(anc.shape[1])[None, :]
+        below = np.where((anc >= 0) & (cols > sd[:, None]), over_q[anc], np.inf).min(axis=1)
+        se = side[q]
+        live = sel[q]
+        if ctx.evicted:
+            hits = [e for vid in ctx.evicted for e in where.get(vid, ())]
+            if hits:
+                live = live.copy()
+                live[hits] = False
+        may = live & share[se] & ((held[se] - amt >= guar[se] - EPS) | above[se]) & ~(below[q] + EPS < amt / 2.0)
+        may &= ~unknown[se]
+        if may.any():  # a queue running lower-priority workloads keeps its higher ones
+            lowest = np.full(nq, np.inf)
+            for qi in np.unique(q[may]).tolist():
+                lowest[qi] = ctx.lowest_running_priority(names[qi])
+            may &= ~(lowest[q] < prio)
+        blocks = may | (live & unknown[se])
+        starts = idx.starts
+        refused = ~np.logical_or.reduceat(blocks, starts)
+        count = np.add.reduceat(live.astype(np.int64), starts)
+        room = np.add.reduceat(np.where(live, idx.milli, 0), starts)
+        judged = (count > 0) & (room + free[idx.nodes] >= need)
+        return refused, judged
 
 
 def _least_change(before: float, amount: float, wants: float, k: int, most: float, lo: float, hi: float) -> float:

@@ -6,7 +6,8 @@ queue and request, expanded only where an action tries them one by one) and skip
 whole cluster for a holder whose shape already fitted nowhere; reclaim does not search a node
 whose victims its budget can only refuse (``plan._Refusals``: refused first, a plan of one victim
 refused before, or no plan of them bringing the shares closer to fair), leaving the refusal the
-search would have left. All are pure optimisations: whole simulations of random contended
+search would have left, and a long walk marks such nodes, and those that cannot beat the plan
+found, for the whole index at once (``plan._Skip``). All are pure optimisations: whole simulations of random contended
 scenarios (the guarantee properties' generator: gangs, fractions, priorities, limits, reclaims,
 reservations) must give byte-identical reports, reasons included, with the shortcuts on and off.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,7 +69,11 @@ def bursts(draw):
 
 
 def _same_both_ways(data: dict, seed: int) -> None:
-    fast = _report(data, seed)
+    # a reclaim's walk marks the nodes its budget refuses after SKIP_AFTER nodes (16); these small
+    # clusters walk a few, so the marking starts after 0, 1 or 2 of them here
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plan, "SKIP_AFTER", seed)
+        fast = _report(data, seed)
     cycle.SHORTCUTS = False
     try:
         slow = _report(data, seed)
@@ -116,6 +122,109 @@ def _holder_probes_agree(monkeypatch, data: dict, seed: int) -> int:
 def test_holders_probed_at_once_answer_as_one_by_one(data, seed):
     with pytest.MonkeyPatch.context() as mp:
         _holder_probes_agree(mp, data, seed)
+
+
+def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: int) -> int:
+    """Run the simulation with every node marking of a reclaim's walk (``plan._Skip``) checked
+    against judging the node alone: a node marked refused is one where every victim left is
+    refused first (``_Refusals``), and conversely where none of them is judged by the guarantee
+    rule; one marked judged is one the walk would search (victims left, room enough); one marked
+    beyond the best plan is one whose tighter bound, worked out victim by victim, is worse in its
+    first two places. Returns how many nodes were marked refused or beyond."""
+    marked = []
+    real_refused, real_beyond = plan._Skip.refused_runs, plan._Skip.beyond
+
+    def victims(skip, idx, sel, j):
+        ctx = skip.ctx
+        n = int(idx.nodes[j])
+        return [(v, m) for v, m in idx.per_node[n] if sel[idx.qn[v.queue]] and v.id not in ctx.evicted]
+
+    def refused_runs(self, idx, sel, need, free):
+        refused, judged = real_refused(self, idx, sel, need, free)
+        judge = plan._Refusals(self.ctx, self.budget)
+        for j in range(len(idx.starts)):
+            vs = victims(self, idx, sel, j)
+            assert judged[j] == (bool(vs) and sum(m for _, m in vs) + int(free[idx.nodes[j]]) >= need)
+            first = [judge._may_go_first(v) for v, _ in vs]
+            by_guarantee = any(self.budget._side(v.queue)[5] and self.budget._side(v.queue)[2] > self.budget._side(v.queue)[3] + plan.EPS
+                               for v, _ in vs)
+            if refused[j]:
+                assert all(f is not None for f in first)
+                marked.append(j)
+            elif not by_guarantee:
+                assert any(f is None for f in first)
+        return refused, judged
+
+    def beyond(self, idx, sel, least, need, free):
+        out = real_beyond(self, idx, sel, least, need, free)
+        for j in range(len(idx.starts)):
+            lo, hi = idx.bounds[j]
+            short = need - int(free[idx.nodes[j]])
+            fewest, freed = 0, 0
+            for e in range(lo, hi):
+                if sel[idx.queue_l[e]] and freed < short:
+                    fewest, freed = fewest + 1, freed + idx.milli_l[e]
+            fewest = max(fewest, 1)
+            lost = round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6 if np.isfinite(least[j]) else np.inf
+            assert bool(out[j]) == ((lost, fewest) > tuple(self.best[:2]))
+            if out[j]:
+                marked.append(j)
+        return out
+
+    monkeypatch.setattr(plan._Skip, "refused_runs", refused_runs)
+    monkeypatch.setattr(plan._Skip, "beyond", beyond)
+    monkeypatch.setattr(plan, "SKIP_AFTER", 0)
+    _report(data, seed)
+    return len(marked)
+
+
+@_settings(60)
+@given(st.one_of(scenarios(), scenarios(extended=True, deep=True), bursts()), st.integers(0, 2))
+def test_nodes_a_walk_skips_are_judged_as_node_by_node(data, seed):
+    with pytest.MonkeyPatch.context() as mp:
+        _walks_skip_what_node_by_node_judging_skips(mp, data, seed)
+
+
+def test_a_walk_skips_the_nodes_where_every_victim_is_refused(monkeypatch):
+    """A borrower holds one GPU on each of 30 nodes, and keeps a younger workload of lower priority
+    running (protected by the minimum runtime): the budget refuses every one of its victims first
+    (its lower-priority workload would go first). The walk searches none of the 30 nodes; with the
+    marking on it lists only the last of them (for the refusal the walk leaves), and the cycle
+    decides the same, its reason included, as with the shortcuts off."""
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot, Workload
+    from gpupool.scheduler.reasons import Code
+
+    nodes = [NodeSpec(f"n{i:02d}", gpus=1, gpu_memory=80 * 2**30) for i in range(31)]
+    queues = [QueueSpec("b", deserved={"gpu": 10}), QueueSpec("q", deserved={"gpu": 0})]
+    old = [Workload(f"b{i:02d}", "b", gpus=1, priority=60, phase=Phase.RUNNING, started_at=0.0,
+                    placements=(PodPlacement(0, f"n{i:02d}", (0,)),)) for i in range(30)]
+    young = Workload("young", "b", gpus=1, priority=40, phase=Phase.RUNNING, started_at=990.0,
+                     placements=(PodPlacement(0, "n30", (0,)),))
+    snap = Snapshot(now=1000.0, nodes=nodes, queues=queues, workloads=[*old, young, Workload("p", "q", gpus=1)])
+    cfg = SchedulerConfig(min_runtime=60.0)
+    listed = []
+    real = plan._nodes_from_index
+
+    def spy(*a, **kw):
+        for item in real(*a, **kw):
+            listed.append(item[1])
+            yield item
+    monkeypatch.setattr(plan, "_nodes_from_index", spy)
+    results = {}
+    for skip_after in (0, 1000):
+        monkeypatch.setattr(plan, "SKIP_AFTER", skip_after)
+        listed.clear()
+        results[skip_after] = (Scheduler(cfg).schedule(snap), list(listed))
+    monkeypatch.setattr(cycle, "SHORTCUTS", False)
+    slow = Scheduler(cfg).schedule(snap)
+    for result, _ in results.values():
+        assert not result.evictions
+        assert result.pending["p"] == slow.pending["p"]
+        assert result.pending["p"].code is Code.RECLAIM_REFUSED
+        assert result.pending["p"].detail["rule"] == "priority"
+    assert len(results[1000][1]) == 30
+    assert results[0][1] == [results[1000][1][-1]]
 
 
 def test_holders_probed_at_once_see_their_own_holds(monkeypatch):
