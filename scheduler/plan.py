@@ -15,6 +15,7 @@ a queue) and ``ReclaimBudget`` (only borrowed capacity, no ping-pong).
 """
 from __future__ import annotations
 
+import heapq
 from typing import Callable, Iterable
 
 import numpy as np
@@ -319,7 +320,10 @@ class _Pool:
             groups[q] = [lst[i] for i in order]
             keys[q] = [ks[i] for i in order]
         self.groups = groups
-        self.excess = {q: ctx.over(q) for q in groups}
+        self.excess = excess = {q: ctx.over(q) for q in groups}
+        # every queue's first victim, by its key with nothing gone yet: the start of each pass
+        self.heads = [((k[0][0], 0.0 - excess[q], *k[0][1:]), q, 0) for q, k in keys.items()]
+        heapq.heapify(self.heads)
 
     def greedy(self, st: Statement, budget: Budget, done: Callable[[float], bool],
                first: Workload | None = None, largest: bool = False) -> tuple[list[Workload], list[Workload]]:
@@ -332,6 +336,7 @@ class _Pool:
         freed = 0.0
         gone: dict[str, float] = {}
         idx = {q: 0 for q in self.groups}
+        heads = self.heads.copy()
         taken: set[str] = set()
         order = None
         if largest:
@@ -344,7 +349,7 @@ class _Pool:
             elif order is not None:
                 v = next((x for x in order if x.id not in taken), None)
             else:
-                v = self._pick(idx, gone, taken)
+                v = self._pick(heads, idx, gone, taken)
             if v is None:
                 return [], refused
             taken.add(v.id)
@@ -360,23 +365,30 @@ class _Pool:
             if done(freed):
                 return chosen, refused
 
-    def _pick(self, idx: dict[str, int], gone: dict[str, float], taken: set[str]) -> Workload | None:
-        """The next victim: the least ``victim_key`` among the queues' first victims not taken."""
-        best, best_key = None, None
-        keys, excess = self.keys, self.excess
-        for q, lst in self.groups.items():
-            i = idx[q]
+    def _pick(self, heads: list, idx: dict[str, int], gone: dict[str, float], taken: set[str]) -> Workload | None:
+        """The next victim: the least ``victim_key`` among the queues' first victims not taken.
+        ``heads`` is a heap of (key, queue, index) with one entry per queue that has victims left,
+        its key never above the queue's true one (a queue's key only rises: its victims are in
+        key order and what is gone from it only grows), so an entry found out of date is put
+        right and the heap asked again; the least up-to-date entry is the least of all."""
+        keys, excess, groups = self.keys, self.excess, self.groups
+        while heads:
+            key, q, i = heads[0]
+            lst = groups[q]
             n = len(lst)
-            while i < n and lst[i].id in taken:
-                i += 1
-            idx[q] = i
-            if i == n:
+            j = idx[q]
+            while j < n and lst[j].id in taken:
+                j += 1
+            idx[q] = j
+            if j == n:
+                heapq.heappop(heads)
                 continue
-            s = keys[q][i]
+            s = keys[q][j]
             k = (s[0], gone.get(q, 0.0) - excess[q], s[1], s[2], s[3])
-            if best_key is None or k < best_key:
-                best, best_key = lst[i], k
-        return best
+            if i == j and k == key:
+                return lst[j]
+            heapq.heapreplace(heads, (k, q, j))
+        return None
 
 
 def _prune(ctx: Cycle, st: Statement, chosen: list[Workload], done: Callable[[float], bool]) -> list[Workload]:
