@@ -86,6 +86,7 @@ class ReclaimBudget(Budget):
         self.sides: dict[str, tuple] = {}  # victim queue -> (side, its over, its held, its guarantee,
         #                                    reclaimer side's over, reclaimer side within guarantee after,
         #                                    reclaimer side)
+        self._by_side: dict[str, tuple] = {}  # the same, by side
         self.gone: dict[str, float] = {}
         self.inside: dict[str, float] = {}  # GPUs taken in this pass from each queue below a victim's side
         self.by_share: set[str] = set()  # victims taken by the fair-share rule in this pass
@@ -98,10 +99,13 @@ class ReclaimBudget(Budget):
         if hit is None:
             ctx = self.ctx
             aq, ap = ctx.tree.split(self.reclaimer, queue)
-            held_q = ctx.held(aq) + self.amount
-            hit = self.sides[queue] = (
-                ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], self._over_mine(aq),
-                held_q <= ctx.guar[aq] + EPS, aq)
+            hit = self._by_side.get(ap)  # queues of one side share its numbers
+            if hit is None:
+                held_q = ctx.held(aq) + self.amount
+                hit = self._by_side[ap] = (
+                    ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], self._over_mine(aq),
+                    held_q <= ctx.guar[aq] + EPS, aq)
+            self.sides[queue] = hit
         return hit
 
     def _mine(self, aq: str) -> float:
