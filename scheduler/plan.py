@@ -825,7 +825,7 @@ class _Refusals:
                 self.alone[self._key(v)] = refused
 
 
-SKIP_AFTER = 16  # nodes a reclaim's walk judges one by one before it marks the refused ones at once
+SKIP_AFTER = 64  # nodes a reclaim's walk judges one by one before it marks the rest at once (fewest instructions of 4-128 over four dumped 4,000-node cycles)
 
 
 class _Skip:

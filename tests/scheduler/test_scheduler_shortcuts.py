@@ -69,7 +69,7 @@ def bursts(draw):
 
 
 def _same_both_ways(data: dict, seed: int) -> None:
-    # a reclaim's walk marks the nodes its budget refuses after SKIP_AFTER nodes (16); these small
+    # a reclaim's walk marks the nodes its budget refuses after SKIP_AFTER nodes (64); these small
     # clusters walk a few, so the marking starts after 0, 1 or 2 of them here
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plan, "SKIP_AFTER", seed)
