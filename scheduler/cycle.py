@@ -339,6 +339,7 @@ class Cycle:
         self._over_vec: np.ndarray | None = None  # see over_all
         self._over_dirty: set[str] = set()
         self._held: dict[str, float] = {}  # see held
+        self._side_flags: dict[str, tuple[bool, bool]] = {}  # see side_flags
         self._vnodes: dict[str, list[tuple[int, int]]] = {}
         self._vcost: dict[str, float] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
@@ -607,9 +608,10 @@ class Cycle:
         """The path of ``queue``, whose sums the caller is about to change: what is kept of them
         (``held``, ``over_all``) is dropped for each queue on it."""
         path = self.tree.path(queue)
-        held = self._held
+        held, flags = self._held, self._side_flags
         for q in path:
             held.pop(q, None)
+            flags.pop(q, None)
         if self._over_vec is not None:
             self._over_dirty.update(path)
         return path
@@ -652,6 +654,14 @@ class Cycle:
         """GPUs above fair share (negative: below), counting room reserved for its pending
         workloads that wait for preempted ones to release."""
         return self.held(q) + extra - self.fair[q].get("gpu", 0.0)
+
+    def side_flags(self, q: str) -> tuple[bool, bool]:
+        """Is ``q`` above its fair share, and above its guarantee (as reclaim judges a side:
+        ``ReclaimBudget.candidate_side``)? Kept until the queue's sums change."""
+        hit = self._side_flags.get(q)
+        if hit is None:
+            hit = self._side_flags[q] = (self.over(q) > EPS, self.held(q) > self.guar[q] + EPS)
+        return hit
 
     def over_all(self) -> np.ndarray:
         """``over`` of every queue, in ``tree.queues`` order (the same numbers: queues whose sums

@@ -152,18 +152,23 @@ class ReclaimBudget(Budget):
         for the cycle, per reclaimer and ``queues`` object)."""
         out: set[str] = set()
         groups, alone = self._groups(queues)
-        for members, one in groups:
-            if self.candidate_side(one):
+        ctx, within = self.ctx, {}
+        for members, side, aq in groups:  # ``candidate_side`` of a member, side by side
+            guaranteed = within.get(aq)
+            if guaranteed is None:
+                guaranteed = within[aq] = ctx.held(aq) + self.amount <= ctx.guar[aq] + EPS
+            above_share, above_guarantee = ctx.side_flags(side)
+            if above_share or (guaranteed and above_guarantee):
                 out |= members
         for q in alone:
             if self.candidate_side(q):
                 out.add(q)
         return out
 
-    def _groups(self, queues: Iterable[str]) -> tuple[list[tuple[set[str], str]], list[str]]:
-        """``queues`` split into sides of the reclaimer: (members, one of them) per sibling subtree
-        along its path, and the reclaimer's ancestors and descendants among them (queues that hold
-        workloads themselves, each its own side)."""
+    def _groups(self, queues: Iterable[str]) -> tuple[list[tuple[set[str], str, str]], list[str]]:
+        """``queues`` split into sides of the reclaimer: (members, the side, the reclaimer's side
+        against it) per sibling subtree along its path, and the reclaimer's ancestors and
+        descendants among them (queues that hold workloads themselves, each its own side)."""
         ctx, r = self.ctx, self.reclaimer
         memo = ctx.cache.setdefault("reclaim-sides", {})
         hit = memo.get((r, id(queues)))
@@ -171,14 +176,14 @@ class ReclaimBudget(Budget):
             return hit[1], hit[2]
         tree = ctx.tree
         among = set(queues)
-        groups: list[tuple[set[str], str]] = []
+        groups: list[tuple[set[str], str, str]] = []
         path = tree.path(r)
         for i, mine in enumerate(path):
             for s in tree.children.get(path[i - 1] if i else None, ()):
                 if s.name != mine:
                     members = tree.subtree(s.name) & among
                     if members:
-                        groups.append((members, next(iter(members))))
+                        groups.append((members, s.name, mine))
         alone = sorted(q for q in (set(path) | tree.subtree(r)) & among if q != r)
         memo[r, id(queues)] = (queues, groups, alone)  # ``queues`` kept: its id is not reused meanwhile
         return groups, alone
