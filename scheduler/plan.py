@@ -175,13 +175,20 @@ class ReclaimBudget(Budget):
         if hit is not None and hit[0] is queues:
             return hit[1], hit[2]
         tree = ctx.tree
-        among = set(queues)
+        # each subtree's members among ``queues``, shared by the reclaimers that ask of them
+        shared = ctx.cache.setdefault("reclaim-side-members", {})
+        hit = shared.get(id(queues))
+        if hit is None or hit[0] is not queues:
+            hit = shared[id(queues)] = (queues, set(queues), {})
+        among, subtrees = hit[1], hit[2]
         groups: list[tuple[set[str], str, str]] = []
         path = tree.path(r)
         for i, mine in enumerate(path):
             for s in tree.children.get(path[i - 1] if i else None, ()):
                 if s.name != mine:
-                    members = tree.subtree(s.name) & among
+                    members = subtrees.get(s.name)
+                    if members is None:
+                        members = subtrees[s.name] = tree.subtree(s.name) & among
                     if members:
                         groups.append((members, s.name, mine))
         alone = sorted(q for q in (set(path) | tree.subtree(r)) & among if q != r)
