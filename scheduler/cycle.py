@@ -945,11 +945,7 @@ class Cycle:
         prios = self._starting_prios.get(v.queue)
         if prios and any(n > 0 and p < v.priority for p, n in prios.items()):
             return True
-        ranked = self.cache.setdefault("preemptible-ranked", {})  # queue -> lowest priority first
-        mine = ranked.get(v.queue)
-        if mine is None:
-            mine = ranked[v.queue] = sorted(self.preemptible_by_queue(young=True).get(v.queue, ()), key=_PRIORITY)
-        for w in mine:
+        for w in self._ranked(v.queue):
             if w.priority >= v.priority:
                 return False
             if w.id not in self.evicted and w.id not in taken:
@@ -962,16 +958,21 @@ class Cycle:
         none)."""
         prios = self._starting_prios.get(q)
         lo = min((p for p, n in prios.items() if n > 0), default=math.inf) if prios else math.inf
-        ranked = self.cache.setdefault("preemptible-ranked", {})
-        mine = ranked.get(q)
-        if mine is None:
-            mine = ranked[q] = sorted(self.preemptible_by_queue(young=True).get(q, ()), key=_PRIORITY)
-        for w in mine:
+        for w in self._ranked(q):
             if w.priority >= lo:
                 break
             if w.id not in self.evicted:
                 return w.priority
         return lo
+
+    def _ranked(self, q: str) -> list[Workload]:
+        """``q``'s preemptible running workloads (young ones too), lowest priority first; kept for
+        the cycle (callers skip ``evicted``)."""
+        ranked = self.cache.setdefault("preemptible-ranked", {})
+        mine = ranked.get(q)
+        if mine is None:
+            mine = ranked[q] = sorted(self.preemptible_by_queue(young=True).get(q, ()), key=_PRIORITY)
+        return mine
 
     def preemptible_by_queue(self, young: bool = False) -> dict[str, list[Workload]]:
         """The preemptible running workloads by queue, grouped once a cycle (in running order;

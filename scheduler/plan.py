@@ -101,12 +101,14 @@ class ReclaimBudget(Budget):
             aq, ap = ctx.tree.split(self.reclaimer, queue)
             hit = self._by_side.get(ap)  # queues of one side share its numbers
             if hit is None:
-                held_q = ctx.held(aq) + self.amount
                 hit = self._by_side[ap] = (
-                    ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], self._over_mine(aq),
-                    held_q <= ctx.guar[aq] + EPS, aq)
+                    ap, ctx.over(ap), ctx.held(ap), ctx.guar[ap], self._over_mine(aq), self._within(aq), aq)
             self.sides[queue] = hit
         return hit
+
+    def _within(self, aq: str) -> bool:
+        """Does the reclaimer's side ``aq`` stay within its guarantee once this plan's need is met?"""
+        return self.ctx.held(aq) + self.amount <= self.ctx.guar[aq] + EPS
 
     def _mine(self, aq: str) -> float:
         """GPUs the reclaimer's side ``aq`` holds once this plan's need is met, the plan's own
@@ -142,8 +144,14 @@ class ReclaimBudget(Budget):
 
     def candidate_side(self, queue: str) -> bool:
         """Could any workload of ``queue`` be a victim (before any is taken)?"""
-        _, over, held, guar, _, guaranteed, _ = self._side(queue)
-        return over > EPS or (guaranteed and held > guar + EPS)
+        aq, ap = self.ctx.tree.split(self.reclaimer, queue)
+        return self._admits(ap, self._within(aq))
+
+    def _admits(self, side: str, within: bool) -> bool:
+        """Could any victim of ``side`` go: is it above its fair share, or above its guarantee
+        while the reclaimer's side stays ``within`` its own?"""
+        above_share, above_guarantee = self.ctx.side_flags(side)
+        return above_share or (within and above_guarantee)
 
     def candidate_queues(self, queues: Iterable[str]) -> set[str]:
         """The queues among ``queues``, the reclaimer's own left out, that ``candidate_side``
@@ -152,13 +160,11 @@ class ReclaimBudget(Budget):
         for the cycle, per reclaimer and ``queues`` object)."""
         out: set[str] = set()
         groups, alone = self._groups(queues)
-        ctx, within = self.ctx, {}
+        within: dict[str, bool] = {}
         for members, side, aq in groups:  # ``candidate_side`` of a member, side by side
-            guaranteed = within.get(aq)
-            if guaranteed is None:
-                guaranteed = within[aq] = ctx.held(aq) + self.amount <= ctx.guar[aq] + EPS
-            above_share, above_guarantee = ctx.side_flags(side)
-            if above_share or (guaranteed and above_guarantee):
+            if aq not in within:
+                within[aq] = self._within(aq)
+            if self._admits(side, within[aq]):
                 out |= members
         for q in alone:
             if self.candidate_side(q):
@@ -702,9 +708,8 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
     free = fut.gpu_free.sum(axis=1)
     judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget and cycle.SHORTCUTS else None
-    skip = None
+    skip = _Skip(ctx, budget) if judge is not None and victims is None else None
     if victims is None:
-        skip = _Skip(ctx, budget) if judge is not None else None
         nodes = _nodes_from_index(ctx, c, queues, need, free, skip)
     else:
         nodes = _nodes_from_list(ctx, c, victims, need, free)
