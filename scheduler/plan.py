@@ -16,6 +16,7 @@ a queue) and ``ReclaimBudget`` (only borrowed capacity, no ping-pong).
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Iterable
 
 import numpy as np
@@ -27,6 +28,7 @@ from .model import PodPlacement, Workload
 
 MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
 _UNSET: dict = {}  # a budget's ``why`` before a search that may leave a refusal
+_UNJUDGED = object()  # a victim ``_Refusals`` has not judged yet
 
 
 class Budget:
@@ -735,6 +737,8 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
                 budget.refused, budget.why = refused
                 owed = None
                 continue
+            if best is not None and judge.cannot_beat(vs, need - int(free[n]), best[0][:3], n, best[2]):
+                continue  # a plan is found: what the search would refuse is not read
             if judge.never_closer(vs):  # it could only fail too, by ``accepts``
                 owed = (n, vs)
                 continue
@@ -780,6 +784,11 @@ class _Refusals:
         self.ctx, self.budget = ctx, budget
         self.first: dict[tuple, tuple | None] = {}  # (side, GPUs) -> None: may go first; else the refusal
         self.alone: dict[tuple, tuple] = {}  # (side, GPUs) -> the refusal of a plan of it alone
+        # victim id -> ``first`` of its key (a victim's key is fixed for the plan: one lookup)
+        self.by_victim: dict[str, tuple | None] = {}
+        # victim id -> the order of ``hopeless``'s last victim (largest first, least work lost, id)
+        self.order: dict[str, tuple] = {}
+        self.takeable: dict[str, bool] = {}  # victim id -> ``_takeable``
 
     def _key(self, v: Workload) -> tuple:
         return self.budget._side(v.queue)[0], self.ctx.amounts[v.id][0], v.queue, v.priority
@@ -795,22 +804,89 @@ class _Refusals:
             b.refused, b.why = left
 
     def _may_go_first(self, v: Workload) -> tuple | None:
-        key = self._key(v)
-        if key not in self.first:
-            self.first[key] = self._judge(lambda: self.budget.allows(v))
-        return self.first[key]
+        hit = self.by_victim.get(v.id, _UNJUDGED)
+        if hit is _UNJUDGED:
+            key = self._key(v)
+            if key not in self.first:
+                self.first[key] = self._judge(lambda: self.budget.allows(v))
+            hit = self.by_victim[v.id] = self.first[key]
+        return hit
+
+    def _last(self, v: Workload) -> tuple:
+        hit = self.order.get(v.id)
+        if hit is None:
+            ctx = self.ctx
+            hit = self.order[v.id] = (-ctx.amounts[v.id][0], ctx.victim_cost(v), v.id)
+        return hit
 
     def hopeless(self, vs: list[tuple[Workload, int]]) -> tuple | None:
         """The refusal a search of these victims would end with, if it could only fail."""
-        if len(vs) == 1 and self._key(vs[0][0]) in self.alone:
+        if len(vs) == 1 and self.alone and self._key(vs[0][0]) in self.alone:
             return self.alone[self._key(vs[0][0])]
-        if any(self._may_go_first(v) is None for v, _ in vs):
-            return None
+        may = self._may_go_first
+        for v, _ in vs:
+            if may(v) is None:
+                return None
         # every pass is refused throughout; the last is the largest-first one, whose last
         # victim's refusal the search leaves
+        last = max((v for v, _ in vs), key=self._last)
+        return may(last)
+
+    def _takeable(self, v: Workload) -> bool:
+        """Could a search take ``v`` at some point? Only if the budget lets it go first, or it is
+        refused for a lower-priority workload of its queue that the same plan may take, or its
+        side is one the guarantee rule takes from (as victims go, the fair-share rule may judge
+        that side instead); the fair-share rule's other refusals only tighten as victims go."""
+        hit = self.takeable.get(v.id)
+        if hit is None:
+            refused = self._may_go_first(v)
+            if refused is None or refused[1].get("rule") == "priority":
+                hit = True
+            else:
+                _, _, held, guar, _, guaranteed, _ = self.budget._side(v.queue)
+                hit = guaranteed and held > guar + EPS
+            self.takeable[v.id] = hit
+        return hit
+
+    def cannot_beat(self, vs: list[tuple[Workload, int]], short: int, best: tuple, n: int, best_n: int) -> bool:
+        """Once a plan is found (cost ``best``, on node ``best_n``): can no search of these
+        victims on node ``n``, where ``short`` GPU milli are missing, beat it? True when the
+        victims a search could take (``_takeable``) cannot free what is missing, or when a lower
+        bound of a plan's cost from them ranks behind ``best``: the fewest of them, largest first,
+        that free what is missing, each losing at least the least work one loses here (less a
+        hair, as ``_nodes_from_index``'s tighter bound); then the most over-quota queue among them
+        (of one victim alone: among those that free enough on their own and lose the least)."""
         ctx = self.ctx
-        last = max((v for v, _ in vs), key=lambda v: (-ctx.amounts[v.id][0], ctx.victim_cost(v), v.id))
-        return self._may_go_first(last)
+        cost, over = ctx.victim_cost, ctx.over
+        least = min(cost(v) for v, _ in vs)
+        top = least + 1e-6
+        sizes = []
+        most = one = None
+        for v, m in vs:
+            if not self._takeable(v):
+                continue
+            sizes.append(m)
+            o = over(v.queue)
+            if most is None or o > most:
+                most = o
+            if m >= short and cost(v) < top and (one is None or o > one):
+                one = o
+        if sum(sizes) < short:
+            return True  # the search cannot make room: it fails
+        sizes.sort(reverse=True)
+        fewest, freed = 0, 0
+        for m in sizes:
+            if freed >= short:
+                break
+            fewest += 1
+            freed += m
+        fewest = max(fewest, 1)
+        lost = round((fewest * least - 1e-7) * 1e6) / 1e6
+        if fewest == 1:  # (no such one victim: every plan loses more, or takes more victims)
+            bound = (lost, 1, -one if one is not None else math.inf)
+        else:
+            bound = (lost, fewest, -most)
+        return bound > best or (bound == best and n > best_n)
 
     def never_closer(self, vs: list[tuple[Workload, int]]) -> bool:
         """Can no plan of these victims bring the shares closer to fair? True when each of them

@@ -7,7 +7,8 @@ whole cluster for a holder whose shape already fitted nowhere; reclaim does not 
 whose victims its budget can only refuse (``plan._Refusals``: refused first, a plan of one victim
 refused before, or no plan of them bringing the shares closer to fair), leaving the refusal the
 search would have left, and a long walk marks such nodes, and those that cannot beat the plan
-found, for the whole index at once (``plan._Skip``). All are pure optimisations: whole simulations of random contended
+found, for the whole index at once (``plan._Skip``); once a plan is found, a node where the
+victims a search could take cannot beat it is not searched (``_Refusals.cannot_beat``). All are pure optimisations: whole simulations of random contended
 scenarios (the guarantee properties' generator: gangs, fractions, priorities, limits, reclaims,
 reservations) must give byte-identical reports, reasons included, with the shortcuts on and off.
 """
@@ -183,6 +184,94 @@ def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: i
 def test_nodes_a_walk_skips_are_judged_as_node_by_node(data, seed):
     with pytest.MonkeyPatch.context() as mp:
         _walks_skip_what_node_by_node_judging_skips(mp, data, seed)
+    with pytest.MonkeyPatch.context() as mp:
+        _pruned_nodes_cannot_beat_the_plan(mp, data, seed)
+
+
+def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> int:
+    """Run the simulation with every node a reclaim's walk leaves unsearched once a plan is found
+    (``_Refusals.cannot_beat``) searched anyway: the search finds nothing, or a plan no better than
+    the one found (its cost, then its node). Returns how many nodes were checked."""
+    from gpupool.scheduler.cycle import fits_on
+    checked = []
+    plans = []  # the candidate (and GPUs to free) of the plan being made
+    real_single, real_beat = plan._plan_single, plan._Refusals.cannot_beat
+
+    def single(ctx, c, victims, budget, need_freed, queues):
+        plans.append((c, need_freed))
+        try:
+            return real_single(ctx, c, victims, budget, need_freed, queues)
+        finally:
+            plans.pop()
+
+    def cannot_beat(self, vs, short, best, n, best_n):
+        out = real_beat(self, vs, short, best, n, best_n)
+        if out:
+            ctx, b = self.ctx, self.budget
+            c, need_freed = plans[-1]
+            left = (b.refused, b.why)
+            found = plan._search(ctx, c, [v for v, _ in vs], b, lambda: fits_on(ctx.future, n, c.req),
+                                 0.0, need_freed)
+            b.refused, b.why = left
+            assert found is None or found[0] + (n,) >= best + (best_n,)
+            checked.append(n)
+        return out
+
+    monkeypatch.setattr(plan, "_plan_single", single)
+    monkeypatch.setattr(plan._Refusals, "cannot_beat", cannot_beat)
+    _report(data, seed)
+    return len(checked)
+
+
+def _churn(nodes: int, queues: int, workloads: int) -> dict:
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cycle_speed.py"
+    spec = importlib.util.spec_from_file_location("cycle_speed", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.churn_scenario(nodes, queues, workloads, seed=0, until=20)
+
+
+def test_a_churn_walk_leaves_nodes_that_cannot_beat_its_plan(monkeypatch):
+    """The benchmark's churning cluster, small: queues below their fair share reclaim from
+    borrowers whose workloads save on signal (every victim loses no work, so plans rank by how
+    few victims they take and how far above its share their queue is). Once a plan is found,
+    the walk leaves nodes that cannot beat it, each checked by searching it anyway; the
+    simulation decides the same as with the shortcuts off."""
+    data = _churn(50, 40, 1500)
+    assert _pruned_nodes_cannot_beat_the_plan(monkeypatch, data, 0) > 0
+    monkeypatch.undo()
+    fast = _report(data, 0)
+    monkeypatch.setattr(cycle, "SHORTCUTS", False)
+    assert _report(data, 0) == fast
+
+
+def test_a_victim_refused_for_its_lower_priority_sibling_may_still_go(monkeypatch):
+    """A node left once a plan is found must not be one a search could still do better on. Queue
+    q (deserved 1) needs 2 GPUs; borrowers b and c, equally far above their shares, hold 3 GPUs
+    each. On n0, c's 1-GPU workloads make a plan of two victims. On n1, b's 2-GPU workload H is
+    refused first, since b's lower-priority L runs; but a search takes L, then H, and drops L
+    again (H alone makes room): a plan of one victim, which beats n0's. The walk searches n1
+    although only L may go first, and preempts H, as with the shortcuts off."""
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, Snapshot, Workload
+
+    nodes = [NodeSpec(f"n{i}", gpus=3, gpu_memory=80 * 2**30) for i in range(2)]
+    queues = [QueueSpec("q", deserved={"gpu": 1}), QueueSpec("b", deserved={"gpu": 0}),
+              QueueSpec("c", deserved={"gpu": 0})]
+
+    def running(name, queue, gpus, node, first, priority):
+        return Workload(name, queue, gpus=gpus, priority=priority, phase=Phase.RUNNING, started_at=0.0,
+                        checkpoint_on_signal=True, placements=(PodPlacement(0, node, tuple(range(first, first + gpus))),))
+    held = [running(f"c{i}", "c", 1, "n0", i, 50) for i in range(3)]
+    held += [running("L", "b", 1, "n1", 0, 40), running("H", "b", 2, "n1", 1, 60)]
+    snap = Snapshot(now=100.0, nodes=nodes, queues=queues, workloads=[*held, Workload("p", "q", gpus=2)])
+    fast = Scheduler().schedule(snap)
+    assert [e.workload for e in fast.evictions] == ["H"]
+    monkeypatch.setattr(cycle, "SHORTCUTS", False)
+    slow = Scheduler().schedule(snap)
+    assert fast.evictions == slow.evictions and fast.reservations == slow.reservations
 
 
 def test_a_walk_skips_the_nodes_where_every_victim_is_refused(monkeypatch):
