@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -569,7 +569,7 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
     hit = idx.views.get(key)
     if hit is None:
         sel = np.zeros(len(idx.qn), dtype=bool)
-        sel[[idx.qn[q] for q in queues]] = True
+        sel[np.fromiter(map(idx.qn.__getitem__, queues), dtype=np.int64, count=len(queues))] = True
         mine = sel[idx.queue]
         mine_milli = np.where(mine, idx.milli, 0)
         least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
@@ -640,16 +640,16 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     def item(i: int) -> tuple:
         n = int(cand[i])
         return ((float(lost[i]), 1, -float(most[i])), n,
-                [(v, m) for v, m in per_node[n] if v.queue in queues and v.id not in evicted],
+                [e for e in per_node[n] if e[0].queue in queues and e[0].id not in evicted],
                 lambda j=int(runs[i]): tighter(j))
 
     if skip is None:
-        for i in np.lexsort((cand, -most, lost)).tolist():  # victims listed only for nodes examined
+        for i in _lex_order(lost, -most):  # victims listed only for nodes examined
             yield item(i)
         return
     refused = judged = beyond = None  # per run: victims all refused first; judged; no better plan
     held_back, walked, seen = -1, 0, None
-    for i in np.lexsort((cand, -most, lost)).tolist():
+    for i in _lex_order(lost, -most):
         if walked >= SKIP_AFTER:
             j = runs[i]
             if refused is None:
@@ -673,6 +673,36 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         yield item(i)
     if held_back >= 0:
         yield item(held_back)
+
+
+def _lex_order(first: np.ndarray, second: np.ndarray, head: int = 64) -> Iterator[int]:
+    """Positions in the order of ``np.lexsort((positions, second, first))``, sorted a slice at a
+    time: a walk mostly stops within its first nodes, so only the smallest ``head`` keys are
+    sorted first (those below the ``head``-th smallest ``first``, then its ties by ``second``),
+    the next slice (twice as many) only if the walk goes on."""
+    rest = np.arange(len(first))
+    while len(rest) > head:
+        vals = first[rest]
+        pivot = np.partition(vals, head)[head]
+        lo = rest[vals < pivot]
+        yield from lo[np.lexsort((second[lo], first[lo]))].tolist()
+        yield from _by_second(rest[vals == pivot], second, head)
+        rest = rest[vals > pivot]
+        head *= 2
+    yield from rest[np.lexsort((second[rest], first[rest]))].tolist()
+
+
+def _by_second(rest: np.ndarray, second: np.ndarray, head: int) -> Iterator[int]:
+    """``_lex_order`` within one value of ``first``: by ``second``, ties in position order."""
+    while len(rest) > head:
+        vals = second[rest]
+        pivot = np.partition(vals, head)[head]
+        lo = rest[vals < pivot]
+        yield from lo[np.argsort(second[lo], kind="stable")].tolist()
+        yield from rest[vals == pivot].tolist()
+        rest = rest[vals > pivot]
+        head *= 2
+    yield from rest[np.argsort(second[rest], kind="stable")].tolist()
 
 
 def _nodes_from_list(ctx: Cycle, c: Candidate, victims: list[Workload], need: int, free: np.ndarray):

@@ -1,4 +1,5 @@
-"""A plan's next victim is the least ``victim_key`` among the queues' first victims not taken.
+"""A plan's next victim is the least ``victim_key`` among the queues' first victims not taken; a
+walk visits nodes in the order of a full sort of their bounds.
 
 ``plan._Pool._pick`` keeps the queues' first victims in a heap whose keys may lag behind (a
 queue's key only rises as its victims go), and puts an entry right when it comes up. Checked
@@ -65,3 +66,17 @@ def test_the_heap_picks_what_a_scan_of_every_queue_picks(victims, overs, steps):
         if action != "refuse":
             gone[v.queue] = gone.get(v.queue, 0.0) + amounts[v.id][0]
     assert pool._pick(heads, idx, gone, taken) is _scan(pool, gone, taken)
+
+
+@_settings(300)
+@given(st.lists(st.tuples(st.sampled_from([0.0, -0.0, 0.25, 1.0, 3.0]), st.sampled_from([-2.0, -1.0, 0.0, 4.5])),
+                max_size=400),
+       st.integers(1, 80))
+def test_a_walk_visits_nodes_in_the_order_of_a_full_sort(keys, head):
+    """``plan._lex_order`` sorts a slice at a time (a walk mostly stops early); it gives the order
+    of ``np.lexsort`` by the bound's first place, then its third, then node, ties included."""
+    import numpy as np
+    first = np.array([k[0] for k in keys], dtype=float)
+    second = np.array([k[1] for k in keys], dtype=float)
+    want = np.lexsort((np.arange(len(keys)), second, first)).tolist()
+    assert list(plan._lex_order(first, second, head)) == want
