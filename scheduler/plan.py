@@ -503,17 +503,25 @@ class _VictimIndex:
         self.qn = qn = {q: i for i, q in enumerate(ctx.tree.queues)}
         self.per_node: dict[int, list[tuple[Workload, int]]] = {}
         per_node, victim_nodes, victim_cost = self.per_node, ctx.victim_nodes, ctx.victim_cost
-        cols, milli, queue, cost = [], [], [], []
-        self._victims = victims = []  # each entry's victim, before the sort (``facts``)
-        for v in ctx.preemptible_running():
-            qi, k = qn[v.queue], victim_cost(v)
+        amounts = ctx.amounts
+        cols, milli, queue, cost, gpus, prio = [], [], [], [], [], []
+        self._span: dict[str, tuple[int, int]] = {}  # victim id -> its entries, before the sort
+        span = self._span
+        for v in ctx.preemptible_running():  # one pass over each victim's facts (memory-bound)
+            vid = v.id
+            a = amounts[vid][0]
+            qi, k, pr = qn[v.queue], victim_cost(v), v.priority
+            start = len(cols)
             for n, m in victim_nodes(v):
                 per_node.setdefault(n, []).append((v, m))
                 cols.append(n)
                 milli.append(m)
                 queue.append(qi)
                 cost.append(k)
-                victims.append(v)
+                gpus.append(a)
+                prio.append(pr)
+            span[vid] = (start, len(cols))
+        self._gpus, self._prio = gpus, prio  # (``facts``)
         entries = bool(cols)
         # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed);
         # the sort is stable: a node's entries of one share keep the victims' order
@@ -536,19 +544,27 @@ class _VictimIndex:
         self.cost_l = self.cost.tolist()
         self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
         self._facts: tuple | None = None
+        self._sorted_at: np.ndarray | None = None  # entry before the sort -> its place after
 
-    def facts(self, ctx: Cycle) -> tuple:
-        """Per entry, its victim's GPUs and priority (arrays), and each victim's entries (worked
-        out once a cycle, when a walk first needs them)."""
+    def facts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per entry, its victim's GPUs and priority (arrays, made when a walk first needs them)."""
         if self._facts is None:
-            vs = [self._victims[k] for k in self._order.tolist()]
-            amounts = ctx.amounts
-            where: dict[str, list[int]] = {}
-            for e, v in enumerate(vs):
-                where.setdefault(v.id, []).append(e)
-            self._facts = (np.array([amounts[v.id][0] for v in vs], dtype=float),
-                           np.array([v.priority for v in vs], dtype=float), where)
+            order = self._order
+            self._facts = (np.array(self._gpus, dtype=float)[order], np.array(self._prio, dtype=float)[order])
         return self._facts
+
+    def entries(self, victims: Iterable[str]) -> list[int]:
+        """The entries of these victims (ids; those not in the index have none)."""
+        if self._sorted_at is None:
+            self._sorted_at = np.empty(len(self._order), dtype=np.int64)
+            self._sorted_at[self._order] = np.arange(len(self._order))
+        span, at = self._span, self._sorted_at
+        out: list[int] = []
+        for vid in victims:
+            hit = span.get(vid)
+            if hit is not None:
+                out.extend(at[hit[0]:hit[1]].tolist())
+        return out
 
 
 def _index(ctx: Cycle) -> _VictimIndex:
@@ -1023,7 +1039,7 @@ class _Skip:
         (such victims there, and with the node's free capacity, room for ``need``)?"""
         ctx, b = self.ctx, self.budget
         side, sd, anc = self._sides(idx)
-        amt, prio, where = idx.facts(ctx)
+        amt, prio = idx.facts()
         q = idx.queue
         names = list(idx.qn)
         nq = len(names)
@@ -1048,7 +1064,7 @@ class _Skip:
         se = side[q]
         live = sel[q]
         if ctx.evicted:
-            hits = [e for vid in ctx.evicted for e in where.get(vid, ())]
+            hits = idx.entries(ctx.evicted)
             if hits:
                 live = live.copy()
                 live[hits] = False
