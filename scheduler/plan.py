@@ -805,9 +805,9 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
                 best = (cost, found[1], n)
                 if skip is not None:
                     skip.open, skip.best = False, best[0][:3]  # bounds now decide which nodes are judged
-    if owed is not None:  # the refusal the last skipped node's search leaves, as if searched
-        search(*owed)
     if best is None:
+        if owed is not None:  # the refusal the last skipped node's search leaves, as if searched
+            search(*owed)
         return None
     only = np.zeros(len(fut.nodes), dtype=bool)
     only[best[2]] = True
