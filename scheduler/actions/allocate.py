@@ -296,6 +296,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     dead_raw = ctx.failed_requests
     behind = ctx.behind  # queue -> priority of a waiting workload that may preempt in its queue
     deferred_top: dict[str, int] = {}  # queue -> highest priority it set aside for the lending pass
+    shortcuts = cycle.SHORTCUTS
     lowest = ctx.cache.get("lowest-running")
     if lowest is None:  # queue -> the lowest priority among its preemptible running workloads
         ev = ctx.evicted
@@ -317,6 +318,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
         low = lowest.get(q) if q not in ctx.probed else None
         beyond: dict[float, bool] = {}  # amount -> above fair share somewhere on path (fixed until a bind)
         lo, hi = _same_rank(ctx, path, amounts[lst[i].id][0])  # the amounts that rank as this turn did
+        first = behind.get(q)  # (changes only where ``_maybe_behind`` probes q: read again there)
         while i < n and not bound:
             w = lst[i]
             a = amounts[w.id][0]
@@ -325,7 +327,6 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                     break
                 lo, hi = _same_rank(ctx, path, a)
             i += 1
-            first = behind.get(q)
             if first is not None and w.priority < first:  # it would take what the preemption frees
                 c = ctx.candidate(w)
                 c.code, c.detail, c.seq = Code.BEHIND, {"priority": first}, seq
@@ -336,10 +337,10 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                 rk = raw_key(w)
                 template = dead_raw.get(rk)
                 if template is not None:
-                    g = groups.get((rk, q)) if cycle.SHORTCUTS else None
+                    g = groups.get((rk, q)) if shortcuts else None
                     if g is None:
                         g = template.like(w, seq)
-                        if cycle.SHORTCUTS:
+                        if shortcuts:
                             g.more, g.more_seq = [], []
                             groups[(rk, q)] = g
                         failed.append(g)
@@ -350,6 +351,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                     if low is not None and w.priority > low:
                         _maybe_behind(ctx, template.like(w), lowest)
                         low = lowest.get(q) if q not in ctx.probed else None
+                        first = behind.get(q)
                     continue
             c = ctx.candidate(w)
             block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
@@ -386,5 +388,6 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             failed.append(c)
             _maybe_behind(ctx, c, lowest)
             low = lowest.get(q) if q not in ctx.probed else None
+            first = behind.get(q)
         if i < n:
             heapq.heappush(heap, (key(q, amounts[lst[i].id][0]), q, i))
