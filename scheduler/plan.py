@@ -545,6 +545,8 @@ class _VictimIndex:
         self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
         self._facts: tuple | None = None
         self._sorted_at: np.ndarray | None = None  # entry before the sort -> its place after
+        self._dead: np.ndarray | None = None  # see ``evicted_entries``
+        self._applied: set[str] = set()
 
     def facts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per entry, its victim's GPUs and priority (arrays, made when a walk first needs them)."""
@@ -552,6 +554,17 @@ class _VictimIndex:
             order = self._order
             self._facts = (np.array(self._gpus, dtype=float)[order], np.array(self._prio, dtype=float)[order])
         return self._facts
+
+    def evicted_entries(self, evicted: set[str]) -> np.ndarray:
+        """Per entry, is its victim in ``evicted`` (the cycle's evicted set)? Kept in step as
+        victims are evicted, and worked out again when one was taken back (a rolled-back plan)."""
+        if self._dead is None or not self._applied <= evicted:
+            self._dead, self._applied = np.zeros(len(self._order), dtype=bool), set()
+        new = evicted - self._applied
+        if new:
+            self._dead[self.entries(new)] = True
+            self._applied |= new
+        return self._dead
 
     def entries(self, victims: Iterable[str]) -> list[int]:
         """The entries of these victims (ids; those not in the index have none)."""
@@ -1064,10 +1077,7 @@ class _Skip:
         se = side[q]
         live = sel[q]
         if ctx.evicted:
-            hits = idx.entries(ctx.evicted)
-            if hits:
-                live = live.copy()
-                live[hits] = False
+            live = live & ~idx.evicted_entries(ctx.evicted)
         may = live & share[se] & ((held[se] - amt >= guar[se] - EPS) | above[se]) & ~(below[q] + EPS < amt / 2.0)
         may &= ~unknown[se]
         if may.any():  # a queue running lower-priority workloads keeps its higher ones
