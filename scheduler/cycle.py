@@ -353,6 +353,7 @@ class Cycle:
         # reservation, or were bound this cycle (see runs_lower_priority)
         self._starting_prios: dict[str, dict[int, int]] = {}
         self._starting: set[str] = set()
+        self._lowest: dict[str, float] = {}  # see lowest_running_priority (dropped as its queue changes)
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
         self._held_all: tuple[int, list[str]] | None = None  # what they hold in all (see _held_in)
         # holders that bound into their planned place lately (the last two grace periods): their
@@ -628,6 +629,7 @@ class Cycle:
 
     def _evict(self, v: Workload, ev: Evict, sign: int) -> None:
         amt = self.amounts[v.id]
+        self._lowest.pop(v.queue, None)
         for q in self._changing(v.queue):
             self.releasing[q] = _add(self.releasing[q], amt, sign)
         if sign > 0:
@@ -925,6 +927,7 @@ class Cycle:
             self._starting.add(wid)
         else:
             self._starting.discard(wid)
+        self._lowest.pop(w.queue, None)
         prios = self._starting_prios.setdefault(w.queue, {})
         prios[w.priority] = prios.get(w.priority, 0) + d
 
@@ -956,14 +959,18 @@ class Cycle:
         """The lowest priority among ``q``'s preemptible workloads that keep running (not evicted
         this cycle) or start: ``runs_lower_priority(v, set())`` is ``v.priority`` above it (inf:
         none)."""
-        prios = self._starting_prios.get(q)
-        lo = min((p for p, n in prios.items() if n > 0), default=math.inf) if prios else math.inf
-        for w in self._ranked(q):
-            if w.priority >= lo:
-                break
-            if w.id not in self.evicted:
-                return w.priority
-        return lo
+        hit = self._lowest.get(q)
+        if hit is None:
+            prios = self._starting_prios.get(q)
+            hit = min((p for p, n in prios.items() if n > 0), default=math.inf) if prios else math.inf
+            for w in self._ranked(q):
+                if w.priority >= hit:
+                    break
+                if w.id not in self.evicted:
+                    hit = w.priority
+                    break
+            self._lowest[q] = hit
+        return hit
 
     def _ranked(self, q: str) -> list[Workload]:
         """``q``'s preemptible running workloads (young ones too), lowest priority first; kept for
