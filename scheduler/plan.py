@@ -647,14 +647,8 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         lo, hi = idx.bounds[j]
         short = need - int(free_n[j])
         mine_e = [e for e in range(lo, hi) if theirs[queue_l[e]]]  # largest first
-        fewest, freed = 0, 0
-        for e in mine_e:
-            if freed >= short:
-                break
-            fewest += 1
-            freed += milli_l[e]
-        fewest = max(fewest, 1)
-        lost = round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6  # == np.round(x, 6)
+        fewest = _fewest((milli_l[e] for e in mine_e), short)
+        lost = _least_lost(fewest, float(least[j]))
         if fewest == 1:
             # a plan that ties this bound's first two places takes one victim that frees enough
             # here on its own and loses the least work (within the rounding of a plan's cost): the
@@ -702,6 +696,24 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         yield item(i)
     if held_back >= 0:
         yield item(held_back)
+
+
+def _fewest(sizes: Iterable[int], short: int) -> int:
+    """How many of ``sizes`` (GPU milli, largest first) free ``short`` milli; at least one."""
+    fewest, freed = 0, 0
+    for m in sizes:
+        if freed >= short:
+            break
+        fewest += 1
+        freed += m
+    return max(fewest, 1)
+
+
+def _least_lost(fewest: int, least: float) -> float:
+    """The least work ``fewest`` victims losing at least ``least`` each lose, rounded as a plan's
+    cost is (less a hair: a sum of costs may round below that many times the least);
+    ``_Skip.beyond`` works out the same for every node at once."""
+    return round((fewest * least - 1e-7) * 1e6) / 1e6
 
 
 def _lex_order(first: np.ndarray, second: np.ndarray, head: int = 64) -> Iterator[int]:
@@ -932,15 +944,8 @@ class _Refusals:
                 one = o
         if sum(sizes) < short:
             return True  # the search cannot make room: it fails
-        sizes.sort(reverse=True)
-        fewest, freed = 0, 0
-        for m in sizes:
-            if freed >= short:
-                break
-            fewest += 1
-            freed += m
-        fewest = max(fewest, 1)
-        lost = round((fewest * least - 1e-7) * 1e6) / 1e6
+        fewest = _fewest(sorted(sizes, reverse=True), short)
+        lost = _least_lost(fewest, least)
         if fewest == 1:  # (no such one victim: every plan loses more, or takes more victims)
             bound = (lost, 1, -one if one is not None else math.inf)
         else:
