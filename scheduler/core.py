@@ -27,6 +27,7 @@ from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, SchedulerConfig,
 from .placement import make_policy
 from .pools import PooledCycle, is_pooled
 from .reasons import Code, Pending
+from .waiting import WaitingBook
 
 Action = Callable[[Cycle, list[Candidate]], list[Candidate]]
 ACTIONS: dict[str, Action] = {"allocate": allocate, "consolidate": consolidate, "reclaim": reclaim,
@@ -47,24 +48,35 @@ class Scheduler:
         make_policy(self.config.placement)  # validate the name early
         self._policies: dict = {}  # placement policies kept across cycles (they cache per-node scores)
         self._pool_policies: dict[str, dict] = {}  # the same, one set per node pool
+        # the pending workloads as the last snapshot had them, kept while snapshots say what
+        # changed (``Snapshot.changes``; waiting.py); None: none kept
+        self._waiting: WaitingBook | None = None
+        self.book_mismatches = 0  # cycles whose kept book the snapshot's changes left wrong (made afresh)
         self.timer = timer
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
+        kept, self._waiting = self._waiting, None  # (kept again only once this cycle is through)
         if is_pooled(snapshot):
             return PooledCycle(snapshot, self).run()
         if any(q.pools for q in snapshot.queues):  # one pool, `default`: its quota may be in `pools`
             snapshot = dataclasses.replace(snapshot, queues=[q.in_pool(DEFAULT_POOL) for q in snapshot.queues])
-        ctx = self.start(snapshot, snapshot.usage.get(DEFAULT_POOL))
+        keep = snapshot.changes is not None
+        ctx = self.start(snapshot, snapshot.usage.get(DEFAULT_POOL), waiting=kept if keep else None, keep=keep)
         self.act(ctx)
-        return self.finish(ctx)
+        result = self.finish(ctx)
+        if keep:
+            self._waiting = ctx.waiting
+            self.book_mismatches += ctx.book_mismatch
+        return result
 
     def start(self, snapshot: Snapshot, usage: dict | None = None, extra_demand: dict | None = None,
-              pool: str | None = None) -> Cycle:
-        """The working context of one cycle over ``snapshot`` (all of it one node pool)."""
+              pool: str | None = None, waiting: WaitingBook | None = None, keep: bool = False) -> Cycle:
+        """The working context of one cycle over ``snapshot`` (all of it one node pool);
+        ``waiting``, ``keep``: see ``Cycle``."""
         clock = self.timer
         t0 = clock() if clock else 0.0
         policies = self._policies if pool is None else self._pool_policies.setdefault(pool, {})
-        ctx = Cycle(snapshot, self.config, policies, usage, extra_demand)
+        ctx = Cycle(snapshot, self.config, policies, usage, extra_demand, waiting, keep)
         ctx.pool = pool
         if clock:
             ctx.result.actions_ms["snapshot"] = (clock() - t0) * 1e3

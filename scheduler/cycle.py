@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import Counter
 from itertools import repeat
 from typing import Callable, Iterable
 
@@ -28,6 +27,7 @@ from .placement import FirstFit, make_policy
 from .reasons import Code, Pending
 from .units import format_amount
 from .victims import lost_gpu_seconds
+from .waiting import WaitingBook, pending_amount
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
 _PRIORITY = operator.attrgetter("priority")
@@ -38,7 +38,6 @@ _PRIORITY = operator.attrgetter("priority")
 # can only refuse (``plan._Refusals``).
 SHORTCUTS = True
 _ID = operator.attrgetter("id")
-_REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 SINCE = operator.attrgetter("since", "workload")  # the order reservations are taken in and handed on
 PROBE = FirstFit()  # feasibility probes: "would it fit?" needs no scoring
 _new_tuple = tuple.__new__  # Pending(...) without its Python-level __new__ (one per waiting workload)
@@ -201,11 +200,14 @@ class Cycle:
     """Working context of one scheduling cycle."""
 
     def __init__(self, snap: Snapshot, cfg: SchedulerConfig, policies: dict | None = None,
-                 usage: dict[str, float] | None = None, extra_demand: dict[str, Vec] | None = None):
+                 usage: dict[str, float] | None = None, extra_demand: dict[str, Vec] | None = None,
+                 waiting: WaitingBook | None = None, keep: bool = False):
         """``usage``: past usage per queue (fairness over time); ``extra_demand``: what pending
         workloads that are not candidates here also want of this capacity (queue -> amount; node
         pools: a workload tried in another pool this round still counts as demand in the pools it
-        may fall back to)."""
+        may fall back to). ``waiting``: the book of pending workloads kept from the last snapshot,
+        brought up to date here with ``snap.changes`` (when it names them and the book still
+        applies); else a fresh one is made, one to keep if ``keep`` (``self.waiting``)."""
         self.snap = snap
         self.pool: str | None = None  # set for one node pool's cycle: reasons then name the pool
         self._pool_details: dict[int, tuple[dict, dict]] = {}
@@ -223,34 +225,36 @@ class Cycle:
         self._reqs: dict[tuple, PodRequest] = {}
         self._masks: dict[tuple, np.ndarray | None] = {}
         self._pending_amounts: dict[tuple, Vec] = {}
-        self._by_request: dict[tuple, Vec] = {}
         self._topology: list[tuple[str, np.ndarray]] | None = None
-        self.amounts: dict[str, Vec] = {}
         leaf_alloc: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         leaf_rel: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         leaf_nonpre: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
         demand_leaf: dict[str, list[float]] = {n: [0.0, 0.0, 0.0] for n in names}
-        shape_count: dict[tuple, float] = {}
         PENDING, RELEASING = Phase.PENDING, Phase.RELEASING
-        self.pending: list[Workload] = [w for w in self.workloads if w.phase is PENDING]
+        # Pending workloads (most of a busy snapshot): their amounts, demand and shapes, worked out
+        # once per distinct request, or kept from the last snapshot and brought up to date
+        held: list[Workload] = [w for w in self.workloads if w.phase is not PENDING]
+        book_key = (self.max_gpu_mem, tuple(names))
+        self.book_mismatch = False  # a kept book did not come out with the snapshot's pending count
+        if waiting is not None and waiting.key == book_key and snap.changes is not None:
+            waiting.update(snap.changes, self.by_id)
+            if len(waiting.ws) != len(self.workloads) - len(held):  # changes the adapter did not name
+                self.book_mismatch, waiting = True, None
+        else:
+            waiting = None
+        if waiting is None:
+            waiting = WaitingBook.fresh([w for w in self.workloads if w.phase is PENDING],
+                                        self.max_gpu_mem, book_key[1], keep)
+        self.waiting = waiting
+        self.pending: list[Workload] = waiting.pending
+        # (a kept book's amounts stay its own: the held workloads' are added to a copy)
+        self.amounts: dict[str, Vec] = waiting.amounts.copy() if waiting.lists is not None else waiting.amounts
+        for q, d in waiting.demand.items():
+            demand_leaf[q] = [d[0], d[1], d[2]]
+        shape_count: dict[tuple, float] = dict(waiting.shapes)
         self.running: list[Workload] = []
         releasing: list[Workload] = []
-        held: list[Workload] = [w for w in self.workloads if w.phase is not PENDING]
         amounts, running = self.amounts, self.running
-        # Pending workloads (most of a busy snapshot) by request, counted in C: the amounts, demand
-        # and shapes are worked out once per distinct request.
-        keys = list(map(_REQUEST, self.pending))
-        for key, k in Counter(keys).items():
-            q, pods, gpus, gpu_memory, cpu, memory = key
-            amt = self._pending_amount_of(pods, gpus, gpu_memory, cpu, memory)
-            self._by_request[key] = amt
-            d = demand_leaf[q]
-            d[0] += k * amt[0]
-            d[1] += k * amt[1]
-            d[2] += k * amt[2]
-            rkey = (gpus, gpu_memory, cpu, memory)
-            shape_count[rkey] = shape_count.get(rkey, 0.0) + k * pods
-        amounts.update(zip(map(_ID, self.pending), map(self._by_request.__getitem__, keys)))
         for w in held:  # the hottest loop of the snapshot: kept flat
             pl = w.placements
             if pl:
@@ -598,11 +602,7 @@ class Cycle:
         key = (pods, gpus, gpu_memory, cpu, memory)
         amt = self._pending_amounts.get(key)
         if amt is None:
-            if gpu_memory > 0:
-                gpu = pods * min(1.0, gpu_memory / self.max_gpu_mem) if self.max_gpu_mem else float(pods)
-            else:
-                gpu = pods * gpus
-            amt = self._pending_amounts[key] = (gpu, cpu * pods, float(memory * pods))
+            amt = self._pending_amounts[key] = pending_amount(self.max_gpu_mem, pods, gpus, gpu_memory, cpu, memory)
         return amt
 
     def _changing(self, queue: str) -> tuple[str, ...]:

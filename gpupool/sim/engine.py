@@ -282,6 +282,9 @@ class Engine:
         self._heap: list[tuple] = []
         self._seq = 0
         self._active: dict[int, SimWorkload] = {}  # submitted, not ended, in submit order
+        # ids of the workloads submitted, ended or changed since the last snapshot: the snapshot's
+        # ``changes``, so that the scheduler updates what it keeps of the pending ones for these alone
+        self._changed: set[str] = set()
         self._ended = 0  # finished or rejected
 
     # -- event queue -----------------------------------------------------------------------------
@@ -332,6 +335,7 @@ class Engine:
                 self.pool_gpu_seconds[key] = self.pool_gpu_seconds.get(key, 0.0) + (t - sw.run_start) * sw.gpu_share
         out = self._out_since and any(p.node in self._out_since for p in sw.w.placements)
         sw.w.placements = ()
+        self._changed.add(sw.w.id)
         sw.gpu_share = 0.0
         if out:
             self._available_changed(t)
@@ -356,6 +360,7 @@ class Engine:
         sw.w.phase = Phase.PENDING
         sw.w.started_at = None
         sw.w.last_checkpoint_at = None
+        self._changed.add(sw.w.id)
         sw.progress_base, sw.run_start, sw.frozen_progress = kept, None, None
         sw.preemptions += 1
         sw.version += 1
@@ -383,6 +388,7 @@ class Engine:
                 return
             sw.state = "pending"
             self._active[sw.index] = sw
+            self._changed.add(w.id)
         elif kind == "finish":
             self._free(sw, t)
             sw.state, sw.finished_at = "finished", t
@@ -390,6 +396,7 @@ class Engine:
             sw.run_start = None
             sw.version += 1
             del self._active[sw.index]
+            self._changed.add(sw.w.id)
             self._ended += 1
             self._event(t, "finish", sw, "completed")
         elif kind == "release":
@@ -477,6 +484,7 @@ class Engine:
         resumed = sw.first_start is not None
         sw.state = "running"
         sw.w.phase = Phase.RUNNING
+        self._changed.add(sw.w.id)
         sw.w.placements = tuple(b.placements)
         sw.w.started_at = t
         sw.w.last_checkpoint_at = None
@@ -504,6 +512,7 @@ class Engine:
             return  # already leaving; a repeated ask changes nothing
         sw.state = "releasing"
         sw.w.phase = Phase.RELEASING
+        self._changed.add(sw.w.id)
         sw.evict = e
         sw.signalled_at = t
         grace = self.scenario.config.preemption_grace
@@ -518,17 +527,21 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------------
     def _snapshot(self, t: float) -> Snapshot:
+        changed = self._changed
         for sw in self._active.values():
             if sw.state in ("running", "releasing"):
                 ct, _ = sw.last_checkpoint(t)
-                sw.w.last_checkpoint_at = ct
+                if ct != sw.w.last_checkpoint_at:
+                    sw.w.last_checkpoint_at = ct
+                    changed.add(sw.w.id)
         usage = {}
         if self.usage is not None:
             self._record_usage(t)
             usage = self.usage.by_pool(t)
+        self._changed = set()  # (each snapshot is handed to the scheduler: see _cycle)
         return Snapshot(now=t, nodes=self.nodes, queues=self.scenario.queues,
                         workloads=[sw.w for sw in self._active.values()], reservations=self.reservations,
-                        usage=usage)
+                        usage=usage, changes=frozenset(changed))
 
     def allocated_by_pool(self) -> dict[str, dict[str, float]]:
         """GPUs held right now per pool and queue, departments summing their children."""

@@ -22,42 +22,61 @@ from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order, raw_key
 from ..fairshare import EPS
 from ..model import MILLI, Phase, Workload
 from ..reasons import Code
+from ..waiting import by_queue
 
 
 _ID = operator.attrgetter("id")
-_SUBMITTED = operator.attrgetter("submit_time", "id")
-_PRIORITY = operator.attrgetter("priority")
-
-
-def by_queue(workloads: list[Workload]) -> dict[str, list[Workload]]:
-    out: dict[str, list[Workload]] = {}
-    for w in workloads:
-        out.setdefault(w.queue, []).append(w)
-    for lst in out.values():  # by priority (highest first), then submit time, then id
-        lst.sort(key=_SUBMITTED)
-        lst.sort(key=_PRIORITY, reverse=True)  # stable: equal priorities keep the order above
-    return out
 
 
 def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidate]:
-    queues = by_queue(ctx.pending)
-    positions = ctx.result.positions
-    for lst in queues.values():
-        positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))
+    book = ctx.waiting
+    if book.lists is not None and ctx.pending is book.pending:  # each queue in order, kept
+        queues = dict(book.lists)  # (the lists are only read; ``_leave_out`` copies those it cuts)
+        ctx.result.positions = ctx._positions = book.positions.copy()
+    else:
+        queues = by_queue(ctx.pending)
+        positions = ctx.result.positions
+        for lst in queues.values():
+            positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))
     if ctx.reservations:
-        held_in = {ctx.by_id[wid].queue for wid in ctx.reservations}
-        holders = set(ctx.reservations)
+        holders = [ctx.by_id[wid] for wid in ctx.reservations]
         if "holders-tried" not in ctx.cache:  # a later round of a node pool's cycle: done already
             ctx.cache["holders-tried"] = True
             _bind_holders(ctx)
-        for q in held_in & queues.keys():
-            queues[q] = [w for w in queues[q] if w.id not in holders]
+        _leave_out(queues, holders, ctx._positions)
     failed: list[Candidate] = []
     deferred: dict[str, list[Workload]] = {}
     groups: dict[tuple, Candidate] = {}
     _allocate_pass(ctx, queues, failed, deferred, groups)
     _allocate_pass(ctx, deferred, failed, None, groups)
     return failed
+
+
+def _leave_out(queues: dict[str, list[Workload]], holders: list[Workload], positions: dict[str, int]) -> None:
+    """Take ``holders`` (their own reservations bind them) out of their queues' lists, found by
+    their positions (every workload of the lists has one; a queue where a holder is not at its
+    position is filtered whole)."""
+    at: dict[str, list[int] | None] = {}
+    for w in holders:
+        q = w.queue
+        lst = queues.get(q)
+        i = positions.get(w.id, 0) - 1
+        if lst is None or i < 0 or (q in at and at[q] is None):
+            continue  # (no position: in no list)
+        if i < len(lst) and lst[i] is w:
+            at.setdefault(q, []).append(i)
+        else:
+            at[q] = None
+    gone = None
+    for q, idx in at.items():
+        if idx is None:
+            if gone is None:
+                gone = {w.id for w in holders}
+            queues[q] = [w for w in queues[q] if w.id not in gone]
+            continue
+        lst = queues[q] = queues[q][:]  # (the lists may be shared with the caller's)
+        for i in sorted(idx, reverse=True):
+            del lst[i]
 
 
 def _bind_holders(ctx: Cycle) -> None:
