@@ -124,26 +124,29 @@ class WaitingBook:
     def update(self, changes: Iterable[str], by_id: dict[str, Workload]) -> None:
         """Bring a kept book up to date: ``changes`` are the ids added, removed or changed since
         the snapshot it was last brought to, ``by_id`` the workloads (of known queues) now."""
-        dirty: set[str] = set()
+        dirty: dict[str, int] = {}  # queue -> the first place in its list that moved
+        ws, get, pending = self.ws, dirty.get, Phase.PENDING
         for wid in changes:
-            if wid in self.ws:
-                dirty.add(self._remove(wid))
+            if wid in ws:
+                q, i = self._remove(wid)
+                dirty[q] = min(i, get(q, i))
             w = by_id.get(wid)
-            if w is not None and w.phase is Phase.PENDING:
-                dirty.add(self._add(w))
+            if w is not None and w.phase is pending:
+                q, i = self._add(w)
+                dirty[q] = min(i, get(q, i))
         counts, lists = self.counts, self.lists
-        for q in dirty:
+        for q, i in dirty.items():
             c = counts.get(q)
             if c:
                 self.demand[q] = _demand(c, self.by_request)
             else:
                 self.demand.pop(q, None)
             lst = lists.get(q)
-            if lst:
-                self.positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))
-        self.pending = list(self.ws.values())
+            if lst and i < len(lst):  # (the places before the first that moved keep their number)
+                self.positions.update(zip(map(_ID, lst[i:]), range(i + 1, len(lst) + 1)))
+        self.pending = list(ws.values())
 
-    def _remove(self, wid: str) -> str:
+    def _remove(self, wid: str) -> tuple[str, int]:
         del self.ws[wid]
         del self.amounts[wid]
         key = self.req.pop(wid)
@@ -168,9 +171,9 @@ class WaitingBook:
         if not lst:
             del self.keys[q], self.lists[q]
         del self.positions[wid]
-        return q
+        return q, i
 
-    def _add(self, w: Workload) -> str:
+    def _add(self, w: Workload) -> tuple[str, int]:
         wid = w.id
         key = _REQUEST(w)
         amt = self.by_request.get(key)
@@ -193,4 +196,4 @@ class WaitingBook:
         i = bisect_left(keys, ok)
         keys.insert(i, ok)
         lst.insert(i, w)
-        return q
+        return q, i

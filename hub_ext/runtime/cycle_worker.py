@@ -140,6 +140,10 @@ class CycleWorker:
         self.sessions = sessions
         self.scheduler = Scheduler(config.scheduler)
         self._pending_cache: dict[int, SWorkload] = {}
+        # what the last snapshot the scheduler decided held (ids), or None: the next snapshot then
+        # names no changes (``Snapshot.changes``) and the scheduler works everything out afresh
+        self._held_ids: set[str] | None = None
+        self._held_now: set[str] = set()  # the same, of the last snapshot made
         self._said: dict[str, tuple[Pending, str]] = {}  # last reason per queued workload, as words
 
     def decide(self, now: float, nodes: list[NodeSpec], reservations: list[Reservation],
@@ -155,9 +159,11 @@ class CycleWorker:
                                .order_by(D.Workload.id)).all()
             snap, by_id, views = self.snapshot(holding, queued, now, nodes, reservations, warnings)
             snap.usage = usage or {}
+            held_ids, self._held_ids = self._held_now, None  # (known again once this one is decided)
             t1 = time.perf_counter()
             with paused_gc():  # see gpupool/gcpause.py
                 result = self.scheduler.schedule(snap)
+            self._held_ids = held_ids
             decide_ms = (time.perf_counter() - t1) * 1000
             t2 = time.perf_counter()
             reasons = self.explain(s, result, by_id)
@@ -188,6 +194,11 @@ class CycleWorker:
         queues = list(self.config.queues)
         workloads: list[SWorkload] = []
         by_id: dict[str, Any] = {}
+        # what changed since the last snapshot the scheduler decided (none known if it decided
+        # none): the workloads holding GPUs now or then (their model objects are made afresh), the
+        # queued ones made afresh, those no longer queued
+        changes: set[str] = set(self._held_ids or ())
+        held_now: set[str] = set()
         orphaned = False
         views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
         nodes = {n.name: n for n in nodes_list}
@@ -213,21 +224,29 @@ class CycleWorker:
                        placements=placements, started_at=row.started_at)
             workloads.append(w)
             by_id[w.id] = row
+            held_now.add(w.id)
             views.setdefault(row.queue, QueueView()).running += 1
         cache, fresh = self._pending_cache, {}
         for row in queued:
             w = cache.get(row.id)
             if w is None or w.submit_time != row.submitted_at:  # a reused id (SQLite without AUTOINCREMENT)
                 w = _model(row, row.queue)
+                changes.add(w.id)
+                if row.id in cache:
+                    changes.add(cache[row.id].id)
             fresh[row.id] = w
             workloads.append(w)
             by_id[w.id] = row
             views.setdefault(row.queue, QueueView()).pending += 1
+        changes.update(w.id for rid, w in cache.items() if rid not in fresh)  # no longer queued
+        changes |= held_now
+        self._held_now = held_now
         self._pending_cache = fresh
         if orphaned:
             queues.append(QueueSpec(name=REMOVED_QUEUE))
         return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads,
-                        reservations=list(reservations)), by_id, views
+                        reservations=list(reservations),
+                        changes=frozenset(changes) if self._held_ids is not None else None), by_id, views
 
     def explain(self, s: Any, result: CycleResult, by_id: dict[str, Any]) -> int:
         """Store each waiting workload's reason (the sentence is made only when its reason changed);

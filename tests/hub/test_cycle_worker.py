@@ -298,3 +298,72 @@ def test_worker_process_dies_or_hangs_and_no_cycle_is_lost(tmp_path):
         hub.start_service()
         assert hub.api("GET", f"jobs/{fifth}", tok).json()["status"] == "succeeded"
         assert "Traceback" not in hub.service_log()
+
+
+def _apply(url: str, result, now: float, step: int) -> None:
+    """Carry a cycle out in the database as the loop would, more or less: bound rows get their
+    allocation, evicted ones go back to the queue; then one running row ends, two rows arrive and
+    one queued row is cancelled (a different one each step)."""
+    from sqlalchemy import update
+
+    from gpupool.contract import encode_allocation
+    with D.make_sessionmaker(D.make_engine(url))() as s:
+        ids = {D.public_id(r.type, r.id): r.id for r in s.query(D.Workload)}
+        for b in result.binds:
+            s.execute(update(D.Workload).where(D.Workload.id == ids[b.workload])
+                      .values(status=D.RUNNING, started_at=now, allocation=encode_allocation(b.placements)))
+        for e in result.evictions:
+            s.execute(update(D.Workload).where(D.Workload.id == ids[e.workload])
+                      .values(status=D.QUEUED, started_at=None, allocation=None))
+        running = sorted(r.id for r in s.query(D.Workload).filter_by(status=D.RUNNING))
+        queued = sorted(r.id for r in s.query(D.Workload).filter_by(status=D.QUEUED))
+        s.execute(update(D.Workload).where(D.Workload.id == running[step % len(running)])
+                  .values(status=D.SUCCEEDED, allocation=None))
+        s.execute(update(D.Workload).where(D.Workload.id == queued[(3 * step) % len(queued)])
+                  .values(status=D.CANCELLED))
+        for k in range(2):
+            s.add(D.Workload(type=D.JOB, command=["true"], user="u9", queue="bc"[k], kind="train", gpus=1.0,
+                             preemptible=True, status=D.QUEUED, submitted_at=now + k, reason="", parameters={}))
+        s.commit()
+
+
+def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatch):
+    """The worker names what changed since the last snapshot it had decided (``Snapshot.changes``),
+    so the scheduler keeps its book of the queued workloads: over cycles with binds, evictions,
+    arrivals, cancellations and ends carried out in between, the same decisions as a worker whose
+    snapshots name nothing, with no change missed (the book never disagrees with the snapshot)."""
+    import dataclasses
+
+    from gpupool.hub_ext.runtime.cycle_worker import CycleWorker
+    from gpupool.scheduler import Scheduler
+
+    now = time.time()
+    _seed(f"sqlite:///{tmp_path / 'named.sqlite'}", now)
+    shutil.copy(tmp_path / "named.sqlite", tmp_path / "blind.sqlite")
+    real = Scheduler.schedule
+    seen: dict[str, list] = {"named": [], "blind": []}
+    changes: list = []
+
+    def schedule(self, snapshot):
+        if self._blind:
+            snapshot = dataclasses.replace(snapshot, changes=None)
+        else:
+            changes.append(snapshot.changes)
+        out = real(self, snapshot)
+        assert self.book_mismatches == 0
+        return out
+    monkeypatch.setattr(Scheduler, "schedule", schedule)
+    for name in seen:
+        url = f"sqlite:///{tmp_path / name}.sqlite"
+        worker = CycleWorker(WorkerConfig(db_url=url, queues=QUEUES, scheduler=SchedulerConfig(preemption_grace=30)),
+                             D.make_sessionmaker(D.make_engine(url)))
+        worker.scheduler._blind = name == "blind"
+        reservations = []
+        for k in range(6):
+            r = worker.decide(now + 5 * k, NODES, reservations).result
+            reservations = r.reservations
+            seen[name].append((r.binds, r.evictions, dict(r.pending), r.positions, r.fair_share, r.reservations))
+            _apply(url, r, now + 5 * k, k)
+    assert seen["named"] == seen["blind"]
+    assert changes[0] is None and all(c is not None for c in changes[1:])
+    assert any(b for b, *_ in seen["named"][1:]) and any(e for _, e, *_ in seen["named"])
