@@ -167,7 +167,6 @@ class Candidate:
         return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE, Code.BEHIND)
 
 
-_RAW = operator.attrgetter("gpus", "gpu_memory", "cpu", "memory", "pods")
 
 
 SEQ = operator.attrgetter("seq")
@@ -178,12 +177,6 @@ def expand(cands: Iterable[Candidate]) -> list[Candidate]:
     out = [m for c in cands for m in c.members()]
     out.sort(key=SEQ)
     return out
-
-
-def raw_key(w: Workload) -> tuple:
-    """The request of a pending workload as plain values (cheaper than a Candidate)."""
-    sel = w.node_selector
-    return _RAW(w) + (tuple(sorted(sel.items())),) if sel else _RAW(w)
 
 
 def fits_on(state: ClusterState, n: int, req: PodRequest) -> bool:

@@ -30,6 +30,27 @@ _ID = operator.attrgetter("id")
 _REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 _SUBMITTED = operator.attrgetter("submit_time", "id")
 _PRIORITY = operator.attrgetter("priority")
+_PREEMPTIBLE = operator.attrgetter("preemptible")
+_FIRST = operator.itemgetter(0)
+_RAW = operator.attrgetter("gpus", "gpu_memory", "cpu", "memory", "pods")
+_SELECTOR = operator.attrgetter("node_selector")
+
+
+def raw_key(w: Workload) -> tuple:
+    """The request of a pending workload as plain values (cheaper than a Candidate)."""
+    sel = w.node_selector
+    return _RAW(w) + (tuple(sorted(sel.items())),) if sel else _RAW(w)
+
+
+def facts_of(lst: list[Workload], amounts: dict[str, Vec]) -> list[tuple]:
+    """What allocate reads of each of ``lst`` as it goes down a queue: (GPUs it asks for, priority,
+    preemptible, ``raw_key``), so that the workloads themselves are read only when tried."""
+    raw = list(map(_RAW, lst))  # ``raw_key`` in C, but for node selectors (rare: added below)
+    sels = list(map(_SELECTOR, lst))
+    if any(sels):
+        raw = [r + (tuple(sorted(sel.items())),) if sel else r for r, sel in zip(raw, sels)]
+    return list(zip(map(_FIRST, map(amounts.__getitem__, map(_ID, lst))), map(_PRIORITY, lst),
+                    map(_PREEMPTIBLE, lst), raw))
 
 
 def pending_amount(max_gpu_mem: int, pods: int, gpus: float, gpu_memory: int, cpu: float, memory: int) -> Vec:
@@ -91,6 +112,8 @@ class WaitingBook:
         self.okey: dict[str, tuple] = {}  # (kept books) id -> its ``order_key``, as placed
         self.lists: dict[str, list[Workload]] | None = None
         self.keys: dict[str, list[tuple]] = {}  # (kept books) queue -> ``order_key`` of each in ``lists``
+        self.facts: dict[str, list[tuple]] = {}  # (kept books) queue -> ``facts_of`` its list (shared tuples)
+        self._facts: dict[tuple, tuple] = {}  # one tuple per distinct fact (few: read from cache)
         self.positions: dict[str, int] = {}
         self.pending: list[Workload] = []
 
@@ -115,7 +138,9 @@ class WaitingBook:
             book.ws = dict(zip(ids, pending))
             book.req = dict(zip(ids, keys))
             lists = book.lists = by_queue(pending)
+            shared = book._facts
             for q, lst in lists.items():
+                book.facts[q] = [shared.setdefault(f, f) for f in facts_of(lst, book.amounts)]
                 okeys = book.keys[q] = list(map(order_key, lst))
                 book.okey.update(zip(map(_ID, lst), okeys))
                 book.positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))
@@ -167,9 +192,9 @@ class WaitingBook:
         ok = self.okey.pop(wid)
         keys, lst = self.keys[q], self.lists[q]
         i = bisect_left(keys, ok)
-        del keys[i], lst[i]
+        del keys[i], lst[i], self.facts[q][i]
         if not lst:
-            del self.keys[q], self.lists[q]
+            del self.keys[q], self.lists[q], self.facts[q]
         del self.positions[wid]
         return q, i
 
@@ -190,10 +215,12 @@ class WaitingBook:
         ok = self.okey[wid] = order_key(w)
         keys = self.keys.get(q)
         if keys is None:
-            keys, lst = self.keys[q], self.lists[q] = [], []
+            keys, lst, facts = self.keys[q], self.lists[q], self.facts[q] = [], [], []
         else:
-            lst = self.lists[q]
+            lst, facts = self.lists[q], self.facts[q]
         i = bisect_left(keys, ok)
         keys.insert(i, ok)
         lst.insert(i, w)
+        f = (amt[0], w.priority, w.preemptible, raw_key(w))
+        facts.insert(i, self._facts.setdefault(f, f))
         return q, i

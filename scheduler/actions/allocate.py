@@ -18,11 +18,11 @@ import numpy as np
 
 from .. import cycle
 from ..cluster import FreeRows, fits_placements
-from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order, raw_key
+from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order
 from ..fairshare import EPS
 from ..model import MILLI, Phase, Workload
 from ..reasons import Code
-from ..waiting import by_queue
+from ..waiting import by_queue, facts_of
 
 
 _ID = operator.attrgetter("id")
@@ -31,10 +31,13 @@ _ID = operator.attrgetter("id")
 def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidate]:
     book = ctx.waiting
     if book.lists is not None and ctx.pending is book.pending:  # each queue in order, kept
-        queues = dict(book.lists)  # (the lists are only read; ``_leave_out`` copies those it cuts)
+        # (the lists are only read; ``_leave_out`` copies those it cuts)
+        queues, facts = dict(book.lists), dict(book.facts)
         ctx.result.positions = ctx._positions = book.positions.copy()
     else:
         queues = by_queue(ctx.pending)
+        amounts = ctx.amounts
+        facts = {q: facts_of(lst, amounts) for q, lst in queues.items()}
         positions = ctx.result.positions
         for lst in queues.values():
             positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))
@@ -43,19 +46,21 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
         if "holders-tried" not in ctx.cache:  # a later round of a node pool's cycle: done already
             ctx.cache["holders-tried"] = True
             _bind_holders(ctx)
-        _leave_out(queues, holders, ctx._positions)
+        _leave_out(queues, facts, holders, ctx._positions)
     failed: list[Candidate] = []
     deferred: dict[str, list[Workload]] = {}
+    deferred_facts: dict[str, list[tuple]] = {}
     groups: dict[tuple, Candidate] = {}
-    _allocate_pass(ctx, queues, failed, deferred, groups)
-    _allocate_pass(ctx, deferred, failed, None, groups)
+    _allocate_pass(ctx, queues, facts, failed, (deferred, deferred_facts), groups)
+    _allocate_pass(ctx, deferred, deferred_facts, failed, None, groups)
     return failed
 
 
-def _leave_out(queues: dict[str, list[Workload]], holders: list[Workload], positions: dict[str, int]) -> None:
-    """Take ``holders`` (their own reservations bind them) out of their queues' lists, found by
-    their positions (every workload of the lists has one; a queue where a holder is not at its
-    position is filtered whole)."""
+def _leave_out(queues: dict[str, list[Workload]], facts: dict[str, list[tuple]], holders: list[Workload],
+               positions: dict[str, int]) -> None:
+    """Take ``holders`` (their own reservations bind them) out of their queues' lists (and the
+    facts beside them), found by their positions (every workload of the lists has one; a queue
+    where a holder is not at its position is filtered whole)."""
     at: dict[str, list[int] | None] = {}
     for w in holders:
         q = w.queue
@@ -69,14 +74,14 @@ def _leave_out(queues: dict[str, list[Workload]], holders: list[Workload], posit
             at[q] = None
     gone = None
     for q, idx in at.items():
+        lst, fl = queues[q], facts[q]
         if idx is None:
             if gone is None:
                 gone = {w.id for w in holders}
-            queues[q] = [w for w in queues[q] if w.id not in gone]
-            continue
-        lst = queues[q] = queues[q][:]  # (the lists may be shared with the caller's)
+            idx = [i for i, w in enumerate(lst) if w.id in gone]
+        lst, fl = queues[q], facts[q] = lst[:], fl[:]  # (the lists may be shared with the caller's)
         for i in sorted(idx, reverse=True):
-            del lst[i]
+            del lst[i], fl[i]
 
 
 def _bind_holders(ctx: Cycle) -> None:
@@ -295,10 +300,11 @@ def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float,
     return lo, hi
 
 
-def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[Candidate],
-                   deferred: dict[str, list[Workload]] | None, groups: dict[tuple, Candidate]) -> None:
-    """One allocate pass. With ``deferred``, workloads that would take their queue above its fair
-    share are set aside there instead of tried. Failures are appended to ``failed`` in the order
+def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[str, list[tuple]],
+                   failed: list[Candidate], deferred: tuple[dict, dict] | None, groups: dict[tuple, Candidate]) -> None:
+    """One allocate pass over each queue's workloads in order and their ``facts_of`` beside them.
+    With ``deferred`` (workloads and facts by queue), workloads that would take their queue above
+    its fair share are set aside there instead of tried. Failures are appended to ``failed`` in the order
     tried (``Candidate.seq``); a workload whose request already failed for capacity joins the
     group of its queue and request in ``groups`` (see ``Candidate``).
 
@@ -307,9 +313,8 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
     request would take its queue above deserved where the last did not), and a shape that failed to place is not tried again this cycle:
     capacity only shrinks during allocate."""
     key = queue_order(ctx)
-    amounts = ctx.amounts
     seq = len(failed) + sum(len(c.more) for c in failed if c.more)  # the next place in the order
-    heap = [(key(q, amounts[lst[0].id][0]), q, 0) for q, lst in queues.items() if lst]
+    heap = [(key(q, facts[q][0][0]), q, 0) for q, lst in queues.items() if lst]
     heapq.heapify(heap)
     dead = ctx.failed_shapes
     dead_raw = ctx.failed_requests
@@ -324,8 +329,8 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             if (prios := [v.priority for v in vs if v.id not in ev])}
     while heap:
         k, q, i = heapq.heappop(heap)
-        lst = queues[q]
-        fresh = key(q, amounts[lst[i].id][0])
+        lst, fl = queues[q], facts[q]
+        fresh = key(q, fl[i][0])
         if fresh > k:  # binds elsewhere in its department raised its key: requeue lazily
             heapq.heappush(heap, (fresh, q, i))
             continue
@@ -336,24 +341,23 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
         # may a failure here make lower priorities of q wait? (see _maybe_behind; probed once)
         low = lowest.get(q) if q not in ctx.probed else None
         beyond: dict[float, bool] = {}  # amount -> above fair share somewhere on path (fixed until a bind)
-        lo, hi = _same_rank(ctx, path, amounts[lst[i].id][0])  # the amounts that rank as this turn did
+        lo, hi = _same_rank(ctx, path, fl[i][0])  # the amounts that rank as this turn did
         first = behind.get(q)  # (changes only where ``_maybe_behind`` probes q: read again there)
         while i < n and not bound:
-            w = lst[i]
-            a = amounts[w.id][0]
+            a, prio, pre, rk = fl[i]
             if not lo < a <= hi and heap:
                 if key(q, a) > heap[0][0]:  # it now ranks behind another queue's head
                     break
                 lo, hi = _same_rank(ctx, path, a)
+            w = lst[i]
             i += 1
-            if first is not None and w.priority < first:  # it would take what the preemption frees
+            if first is not None and prio < first:  # it would take what the preemption frees
                 c = ctx.candidate(w)
                 c.code, c.detail, c.seq = Code.BEHIND, {"priority": first}, seq
                 seq += 1
                 failed.append(c)
                 continue
-            if not check_quota and w.preemptible:  # quota cannot stop it: only capacity can
-                rk = raw_key(w)
+            if not check_quota and pre:  # quota cannot stop it: only capacity can
                 template = dead_raw.get(rk)
                 if template is not None:
                     g = groups.get((rk, q)) if shortcuts else None
@@ -367,13 +371,13 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                         g.more.append(w)
                         g.more_seq.append(seq)
                     seq += 1
-                    if low is not None and w.priority > low:
+                    if low is not None and prio > low:
                         _maybe_behind(ctx, template.like(w), lowest)
                         low = lowest.get(q) if q not in ctx.probed else None
                         first = behind.get(q)
                     continue
             c = ctx.candidate(w)
-            block = ctx.quota_block(c) if (check_quota or not w.preemptible) else None
+            block = ctx.quota_block(c) if (check_quota or not pre) else None
             if block:
                 c.code, c.detail, c.seq = block[0], block[1], seq
                 seq += 1
@@ -385,9 +389,10 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
                     over = beyond[c.amount[0]] = any(ctx.over(x, c.amount[0]) > EPS for x in path)
                 # a lower-priority workload of a queue whose higher-priority one was set aside waits
                 # for the lending pass too: binding first, it would be preempted by that one next
-                if over or w.priority < deferred_top.get(q, w.priority):
-                    deferred.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
-                    deferred_top[q] = max(deferred_top.get(q, w.priority), w.priority)
+                if over or prio < deferred_top.get(q, prio):
+                    deferred[0].setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
+                    deferred[1].setdefault(q, []).append(fl[i - 1])
+                    deferred_top[q] = max(deferred_top.get(q, prio), prio)
                     continue
             shape = c.shape
             if shape not in dead:
@@ -403,10 +408,10 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], failed: list[C
             c.code, c.detail = ctx.capacity_reason(c)
             c.seq = seq
             seq += 1
-            dead_raw.setdefault(raw_key(w), c)
+            dead_raw.setdefault(rk, c)
             failed.append(c)
             _maybe_behind(ctx, c, lowest)
             low = lowest.get(q) if q not in ctx.probed else None
             first = behind.get(q)
         if i < n:
-            heapq.heappush(heap, (key(q, amounts[lst[i].id][0]), q, i))
+            heapq.heappush(heap, (key(q, fl[i][0]), q, i))

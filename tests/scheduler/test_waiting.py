@@ -20,18 +20,20 @@ from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler
 from gpupool.scheduler.model import NodeSpec, Phase, QueueSpec, Snapshot, Workload
-from gpupool.scheduler.waiting import WaitingBook, by_queue
+from gpupool.scheduler.waiting import WaitingBook, by_queue, facts_of
 from gpupool.sim import parse_scenario, simulate
 from guarantee_scenarios import example_settings as _settings, scenarios
 
 NAMES = ("a", "b", "c")
-SHAPES = [dict(gpus=1), dict(gpus=2, pods=2), dict(gpus=0.3), dict(gpu_memory=10 << 30), dict(gpus=0, cpu=0.7)]
+SHAPES = [dict(gpus=1), dict(gpus=2, pods=2), dict(gpus=0.3), dict(gpu_memory=10 << 30), dict(gpus=0, cpu=0.7),
+          dict(gpus=1, node_selector={"gpu_model": "A100"}), dict(gpus=1, preemptible=False)]
 
 
 def _book_facts(book: WaitingBook) -> tuple:
     lists = {q: [w.id for w in lst] for q, lst in book.lists.items()}
+    assert all(book.facts[q] == facts_of(lst, book.amounts) for q, lst in book.lists.items())
     return (dict(book.amounts), dict(book.demand), dict(book.shapes), lists, dict(book.positions),
-            sorted(w.id for w in book.pending))
+            sorted(w.id for w in book.pending), book.facts)
 
 
 def _fresh(pending: list[Workload], max_mem: int) -> WaitingBook:
