@@ -36,8 +36,8 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
         ctx.result.positions = ctx._positions = book.positions.copy()
     else:
         queues = by_queue(ctx.pending)
-        amounts = ctx.amounts
-        facts = {q: facts_of(lst, amounts) for q, lst in queues.items()}
+        by_request = book.by_request  # (ctx.pending: the book's workloads, or some of them)
+        facts = {q: facts_of(lst, by_request) for q, lst in queues.items()}
         positions = ctx.result.positions
         for lst in queues.values():
             positions.update(zip(map(_ID, lst), range(1, len(lst) + 1)))

@@ -31,7 +31,8 @@ SHAPES = [dict(gpus=1), dict(gpus=2, pods=2), dict(gpus=0.3), dict(gpu_memory=10
 
 def _book_facts(book: WaitingBook) -> tuple:
     lists = {q: [w.id for w in lst] for q, lst in book.lists.items()}
-    assert all(book.facts[q] == facts_of(lst, book.amounts) for q, lst in book.lists.items())
+    assert all(book.facts[q] == facts_of(lst, book.by_request) for q, lst in book.lists.items())
+    assert all(f[0] == book.amounts[w.id][0] for q, lst in book.lists.items() for w, f in zip(lst, book.facts[q]))
     return (dict(book.amounts), dict(book.demand), dict(book.shapes), lists, dict(book.positions),
             sorted(w.id for w in book.pending), book.facts)
 
