@@ -167,8 +167,6 @@ class Candidate:
         return self.code in (Code.LIMIT, Code.NON_PREEMPTIBLE, Code.BEHIND)
 
 
-
-
 SEQ = operator.attrgetter("seq")
 
 
