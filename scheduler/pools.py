@@ -33,6 +33,7 @@ from .reasons import IN_MOTION, Code, Pending
 
 Vec = tuple[float, float, float]
 _REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
+_POOLS = operator.attrgetter("pools")
 
 
 def pool_names(snap: Snapshot) -> list[str]:
@@ -45,6 +46,8 @@ def is_pooled(snap: Snapshot) -> bool:
     pools = {n.pool for n in snap.nodes}
     if pools - {DEFAULT_POOL}:
         return True
+    if not any(map(_POOLS, snap.workloads)):  # (read in C: no workload names pools, the usual case)
+        return False
     return any(w.pools for w in snap.workloads if w.phase is Phase.PENDING)
 
 
