@@ -160,10 +160,15 @@ class CycleWorker:
             snap, by_id, views = self.snapshot(holding, queued, now, nodes, reservations, warnings)
             snap.usage = usage or {}
             held_ids, self._held_ids = self._held_now, None  # (known again once this one is decided)
+            missed = self.scheduler.book_mismatches
             t1 = time.perf_counter()
             with paused_gc():  # see gpupool/gcpause.py
                 result = self.scheduler.schedule(snap)
             self._held_ids = held_ids
+            if self.scheduler.book_mismatches > missed:  # decided all the same, on a book made afresh
+                log.warning("cycle at %.0f: the snapshot did not name a change of the queued workloads; "
+                            "the scheduler worked them out afresh (no decision is affected; please report it)",
+                            now)
             decide_ms = (time.perf_counter() - t1) * 1000
             t2 = time.perf_counter()
             reasons = self.explain(s, result, by_id)

@@ -367,3 +367,37 @@ def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatc
     assert seen["named"] == seen["blind"]
     assert changes[0] is None and all(c is not None for c in changes[1:])
     assert any(b for b, *_ in seen["named"][1:]) and any(e for _, e, *_ in seen["named"])
+
+
+def test_a_change_the_worker_does_not_name_is_logged_and_decided_all_the_same(tmp_path, caplog):
+    """Should a snapshot ever leave out a queued workload's arrival, the scheduler's count catches
+    it: the workload is decided on all the same (its book made afresh) and the worker logs it."""
+    import dataclasses
+    import logging
+
+    from gpupool.hub_ext.runtime.cycle_worker import CycleWorker
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    now = time.time()
+    _seed(url, now)
+    sessions = D.make_sessionmaker(D.make_engine(url))
+    worker = CycleWorker(WorkerConfig(db_url=url, queues=QUEUES, scheduler=SchedulerConfig()), sessions)
+    worker.decide(now, NODES, [])
+    worker.decide(now + 5, NODES, [])  # names its changes from here on: the book is kept
+    with sessions() as s:
+        new = D.Workload(type=D.JOB, command=["true"], user="u9", queue="c", kind="train", gpus=1.0, preemptible=True,
+                         status=D.QUEUED, submitted_at=now + 6, reason="", parameters={})
+        s.add(new)
+        s.commit()
+        wid = D.public_id(D.JOB, new.id)
+    real = worker.snapshot
+
+    def forgetful(*args, **kwargs):
+        snap, by_id, views = real(*args, **kwargs)
+        return dataclasses.replace(snap, changes=snap.changes - {wid}), by_id, views
+    worker.snapshot = forgetful
+    with caplog.at_level(logging.WARNING, logger="gpupool.loop"):
+        result = worker.decide(now + 10, NODES, []).result
+    assert worker.scheduler.book_mismatches == 1
+    assert "did not name a change" in caplog.text
+    assert wid in result.pending or wid in {b.workload for b in result.binds}
