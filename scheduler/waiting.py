@@ -110,7 +110,6 @@ class WaitingBook:
 
     def __init__(self, max_gpu_mem: int, names: tuple[str, ...]):
         self.key = (max_gpu_mem, names)  # what the amounts depend on, and which queues are known
-        self.max_gpu_mem = max_gpu_mem
         self.by_request: dict[tuple, Vec] = {}  # request -> amount
         self.amounts: dict[str, Vec] = {}
         self.counts: dict[str, dict[tuple, int]] = {}  # queue -> request -> workloads
@@ -212,7 +211,7 @@ class WaitingBook:
         key = _REQUEST(w)
         amt = self.by_request.get(key)
         if amt is None:
-            amt = self.by_request[key] = pending_amount(self.max_gpu_mem, *key[1:])
+            amt = self.by_request[key] = pending_amount(self.key[0], *key[1:])
         q = key[0]
         self.ws[wid] = w
         self.req[wid] = key

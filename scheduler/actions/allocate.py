@@ -320,6 +320,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
     dead_raw = ctx.failed_requests
     behind = ctx.behind  # queue -> priority of a waiting workload that may preempt in its queue
     deferred_top: dict[str, int] = {}  # queue -> highest priority it set aside for the lending pass
+    set_aside, set_aside_facts = deferred if deferred is not None else (None, None)
     shortcuts = cycle.SHORTCUTS
     lowest = ctx.cache.get("lowest-running")
     if lowest is None:  # queue -> the lowest priority among its preemptible running workloads
@@ -390,8 +391,8 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
                 # a lower-priority workload of a queue whose higher-priority one was set aside waits
                 # for the lending pass too: binding first, it would be preempted by that one next
                 if over or prio < deferred_top.get(q, prio):
-                    deferred[0].setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
-                    deferred[1].setdefault(q, []).append(fl[i - 1])
+                    set_aside.setdefault(q, []).append(w)  # beyond its fair share: only if still idle later
+                    set_aside_facts.setdefault(q, []).append(fl[i - 1])
                     deferred_top[q] = max(deferred_top.get(q, prio), prio)
                     continue
             shape = c.shape
