@@ -122,7 +122,8 @@ class Candidate:
     every list of failed candidates is sorted by ``seq``, and an action that treats candidates one
     by one expands the groups it touches (``expand``) and goes through them in ``seq`` order."""
 
-    __slots__ = ("w", "req", "amount", "mask", "shape", "code", "detail", "seq", "more", "more_seq")
+    __slots__ = ("w", "req", "amount", "mask", "shape", "code", "detail", "seq", "more", "more_seq", "more_top",
+                 "more_ids")
 
     def __init__(self, w: Workload, req: PodRequest, amount: Vec, mask: np.ndarray | None):
         self.w, self.req, self.amount, self.mask = w, req, amount, mask
@@ -134,12 +135,14 @@ class Candidate:
         self.seq = 0
         self.more: list[Workload] | None = None
         self.more_seq: list[int] | None = None
+        self.more_top = 0  # the highest priority in ``more`` (kept by whoever adds to it)
+        self.more_ids: list[str] | None = None  # their ids, when listed as they were added
 
     def like(self, w: Workload, seq: int = 0) -> "Candidate":
         """The same request and failure for another workload of the same shape."""
         c = Candidate.__new__(Candidate)
         c.w, c.req, c.amount, c.mask, c.shape = w, self.req, self.amount, self.mask, self.shape
-        c.code, c.detail, c.seq, c.more, c.more_seq = self.code, self.detail, seq, None, None
+        c.code, c.detail, c.seq, c.more, c.more_seq, c.more_top, c.more_ids = self.code, self.detail, seq, None, None, 0, None
         return c
 
     def members(self) -> list["Candidate"]:
@@ -159,7 +162,7 @@ class Candidate:
     @property
     def top_priority(self) -> int:
         """The highest priority among the workloads this candidate stands for."""
-        return max(self.w.priority, *(w.priority for w in self.more)) if self.more else self.w.priority
+        return max(self.w.priority, self.more_top) if self.more else self.w.priority
 
     @property
     def quota_bound(self) -> bool:
@@ -855,7 +858,7 @@ class Cycle:
                 detail = self._in_pool(detail)
             pending[w.id] = _new_tuple(Pending, (c.code, w.queue, positions.get(w.id, 1), detail))
             if c.more:  # the group's other workloads: the same reason, each with its position
-                ids = list(map(_ID, c.more))
+                ids = c.more_ids if c.more_ids is not None else list(map(_ID, c.more))
                 fields = zip(repeat(c.code), repeat(w.queue), map(positions.get, ids, repeat(1)),
                              repeat(detail))
                 pending.update(zip(ids, map(_new_tuple, repeat(Pending), fields)))

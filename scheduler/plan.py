@@ -502,7 +502,11 @@ class _VictimIndex:
     def __init__(self, ctx: Cycle):
         self.qn = qn = {q: i for i, q in enumerate(ctx.tree.queues)}
         self.per_node: dict[int, list[tuple[Workload, int]]] = {}
-        per_node, victim_nodes, victim_cost = self.per_node, ctx.victim_nodes, ctx.victim_cost
+        # beside each node's list: each victim's queue number and id (a walk filters a node's
+        # victims by these without reading the workloads)
+        self.per_node_q: dict[int, list[tuple[int, str]]] = {}
+        per_node, per_node_q = self.per_node, self.per_node_q
+        victim_nodes, victim_cost = ctx.victim_nodes, ctx.victim_cost
         amounts = ctx.amounts
         cols, milli, queue, cost, gpus, prio = [], [], [], [], [], []
         self._span: dict[str, tuple[int, int]] = {}  # victim id -> its entries, before the sort
@@ -514,6 +518,7 @@ class _VictimIndex:
             start = len(cols)
             for n, m in victim_nodes(v):
                 per_node.setdefault(n, []).append((v, m))
+                per_node_q.setdefault(n, []).append((qi, vid))
                 cols.append(n)
                 milli.append(m)
                 queue.append(qi)
@@ -538,6 +543,7 @@ class _VictimIndex:
         else:
             self.starts = np.zeros(0, dtype=np.int64)
         self.nodes = cols[self.starts]
+        self.run_of = np.cumsum(first) - 1 if entries else np.zeros(0, dtype=np.int64)  # entry -> its run
         self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
         self.queue_l = self.queue.tolist()
         self.milli_l = self.milli.tolist()
@@ -602,8 +608,13 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
         mine = sel[idx.queue]
         mine_milli = np.where(mine, idx.milli, 0)
         least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
+        # the entries that hold GPUs, by run: their queues, where each run of them opens, and the
+        # run (a walk's "most over-quota queue" per node reads these alone, not every entry)
+        held = np.flatnonzero(mine & (idx.milli > 0))
+        run = idx.run_of[held]
+        opens = np.flatnonzero(np.concatenate(([True], run[1:] != run[:-1]))) if held.size else held
         hit = idx.views[key] = (
-            np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), mine & (idx.milli > 0),
+            np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), (idx.queue[held], opens, run[opens]),
             sel.tolist(), sel)
     return hit
 
@@ -632,10 +643,14 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         return
     over = ctx.over_all()  # over-quota GPUs per queue (finite)
     lost = rounded[ok]
-    most = np.maximum.reduceat(np.where(holding, over[idx.queue], -np.inf), idx.starts)[ok]
+    h_queue, h_opens, h_runs = holding
+    most = np.full(len(nodes), -np.inf)
+    if h_queue.size:
+        most[h_runs] = np.maximum.reduceat(over[h_queue], h_opens)
+    most = most[ok]
     runs = np.flatnonzero(ok)
     cand = nodes[ok]
-    per_node, evicted = idx.per_node, ctx.evicted
+    per_node, per_node_q, evicted = idx.per_node, idx.per_node_q, ctx.evicted
     ov = over.tolist()
     queue_l, milli_l, cost_l = idx.queue_l, idx.milli_l, idx.cost_l
 
@@ -663,7 +678,7 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     def item(i: int) -> tuple:
         n = int(cand[i])
         return ((float(lost[i]), 1, -float(most[i])), n,
-                [e for e in per_node[n] if e[0].queue in queues and e[0].id not in evicted],
+                [e for e, (qi, vid) in zip(per_node[n], per_node_q[n]) if theirs[qi] and vid not in evicted],
                 lambda j=int(runs[i]): tighter(j))
 
     if skip is None:

@@ -365,12 +365,15 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
                     if g is None:
                         g = template.like(w, seq)
                         if shortcuts:
-                            g.more, g.more_seq = [], []
+                            g.more, g.more_seq, g.more_ids = [], [], []
                             groups[(rk, q)] = g
                         failed.append(g)
                     else:
+                        if not g.more or prio > g.more_top:
+                            g.more_top = prio
                         g.more.append(w)
                         g.more_seq.append(seq)
+                        g.more_ids.append(w.id)  # (read while the workload is at hand: see wait_all)
                     seq += 1
                     if low is not None and prio > low:
                         _maybe_behind(ctx, template.like(w), lowest)

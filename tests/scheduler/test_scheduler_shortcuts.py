@@ -95,6 +95,33 @@ def test_shortcuts_change_no_decision_in_bursts(data, seed):
     _same_both_ways(data, seed)
 
 
+def _groups_keep_their_members_facts(monkeypatch, data: dict, seed: int) -> int:
+    """Run the simulation checking every group allocate returns: the highest priority and the ids
+    it keeps as members join (read by preempt and ``wait_all`` without going back to the
+    workloads) are those of its members. Returns how many groups were checked."""
+    from gpupool.scheduler import core
+    real, seen = allocate.allocate, [0]
+
+    def checked(ctx, failed=None):
+        out = real(ctx, failed)
+        for c in out:
+            if c.more:
+                assert c.more_ids == [w.id for w in c.more]
+                assert c.top_priority == max(w.priority for w in (c.w, *c.more))
+                seen[0] += 1
+        return out
+    monkeypatch.setitem(core.ACTIONS, "allocate", checked)
+    _report(data, seed)
+    return seen[0]
+
+
+@_settings(40)
+@given(bursts(), st.integers(0, 2))
+def test_groups_keep_their_members_priority_and_ids(data, seed):
+    with pytest.MonkeyPatch.context() as mp:
+        _groups_keep_their_members_facts(mp, data, seed)
+
+
 def _holder_probes_agree(monkeypatch, data: dict, seed: int) -> int:
     """Run the simulation with every batched probe of the holders (``_own_node_fits``, on the now
     view before any holder binds) checked against the one-by-one probe (``_fits_own_node``, its
