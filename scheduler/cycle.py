@@ -436,7 +436,7 @@ class Cycle:
                         and self.now_t - r.bound_at <= 2 * self.cfg.preemption_grace):
                     self.settling[r.workload] = r
                 continue
-            if w is not None and w.phase != Phase.RUNNING:
+            if w is not None and w.phase is not Phase.RUNNING:
                 todo.append((r, w))
         if SHORTCUTS:
             take_in(self, todo, timeout)  # in runs, as ``_take_one`` would one by one

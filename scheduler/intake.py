@@ -162,18 +162,35 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
     np.subtract.at(now.mem_free, nodes, mh)
     now.log.extend(touched)
     gh, ch, mh = gh.tolist(), ch.tolist(), mh.tolist()
+    # the claims: the sums the run was judged with are those ``Cycle._claim`` comes to, one by
+    # one (the same additions in the same order); what is kept of the sums is dropped per queue
+    ctx_reserved = ctx.reserved
+    for x, v in reserved.items():
+        ctx_reserved[x] = v
+    queues: set[str] = set()
+    # ``Cycle._note_starting(wid, +1)`` for each, inline
+    starting, starting_prios, lowest = ctx._starting, ctx._starting_prios, ctx._lowest
+    holds_of, reservations = ctx.holds, ctx.reservations
+    pending = Phase.PENDING
     g, p = 0, 0
     for j in range(i, stop):
         r, w = todo[j]
-        ctx._claim(w.queue, amounts[w.id][0])
+        wid, q = w.id, w.queue
+        queues.add(q)
         holds = []
         for pl in r.placements:
             k = len(pl.gpus)
             holds.append((touched[p], pl.gpus, tuple(gh[g:g + k]), ch[p], mh[p]))
             g += k
             p += 1
-        ctx.holds[w.id] = holds
-        ctx.reservations[w.id] = r
-        ctx._note_starting(w.id, +1)
+        holds_of[wid] = holds
+        reservations[wid] = r
+        if w.phase is pending and w.preemptible and wid not in starting:
+            starting.add(wid)
+            lowest.pop(q, None)
+            prios = starting_prios.setdefault(q, {})
+            prios[w.priority] = prios.get(w.priority, 0) + 1
+    for q in queues:
+        ctx._changing(q)
     ctx._held_all = None
     return stop

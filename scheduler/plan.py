@@ -25,6 +25,7 @@ from . import cycle
 from .cycle import Candidate, Cycle, Statement, fits_on
 from .fairshare import EPS
 from .model import PodPlacement, Workload
+from .victims import lost_gpu_seconds
 
 MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
 _UNSET: dict = {}  # a budget's ``why`` before a search that may leave a refusal
@@ -506,17 +507,21 @@ class _VictimIndex:
         # victims by these without reading the workloads)
         self.per_node_q: dict[int, list[tuple[int, str]]] = {}
         per_node, per_node_q = self.per_node, self.per_node_q
-        victim_nodes, victim_cost = ctx.victim_nodes, ctx.victim_cost
-        amounts = ctx.amounts
+        victim_nodes, vnodes, vcost = ctx.victim_nodes, ctx._vnodes, ctx._vcost
+        amounts, now_t = ctx.amounts, ctx.now_t
         cols, milli, queue, cost, gpus, prio = [], [], [], [], [], []
         self._span: dict[str, tuple[int, int]] = {}  # victim id -> its entries, before the sort
         span = self._span
         for v in ctx.preemptible_running():  # one pass over each victim's facts (memory-bound)
             vid = v.id
             a = amounts[vid][0]
-            qi, k, pr = qn[v.queue], victim_cost(v), v.priority
+            k = vcost.get(vid)  # (``ctx.victim_cost`` and ``victim_nodes``, their caches filled)
+            if k is None:
+                k = vcost[vid] = lost_gpu_seconds(v, now_t, a)
+            qi, pr = qn[v.queue], v.priority
             start = len(cols)
-            for n, m in victim_nodes(v):
+            on = vnodes.get(vid)
+            for n, m in (victim_nodes(v) if on is None else on):
                 per_node.setdefault(n, []).append((v, m))
                 per_node_q.setdefault(n, []).append((qi, vid))
                 cols.append(n)

@@ -50,7 +50,7 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
     failed: list[Candidate] = []
     deferred: dict[str, list[Workload]] = {}
     deferred_facts: dict[str, list[tuple]] = {}
-    groups: dict[tuple, Candidate] = {}
+    groups: dict[str, dict[tuple, Candidate]] = {}
     _allocate_pass(ctx, queues, facts, failed, (deferred, deferred_facts), groups)
     _allocate_pass(ctx, deferred, deferred_facts, failed, None, groups)
     return failed
@@ -97,7 +97,7 @@ def _bind_holders(ctx: Cycle) -> None:
     todo = []
     for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
         w = ctx.by_id[wid]
-        if w.phase == Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
+        if w.phase is Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
             todo.append((w, r, ctx.candidate(w)))
     # the first probes of every single-pod holder at once, on the now view as it is before any
     # binds; a holder whose node a bind or a hold changed since is probed on its own
@@ -301,12 +301,13 @@ def _same_rank(ctx: Cycle, path: tuple[str, ...], amount: float) -> tuple[float,
 
 
 def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[str, list[tuple]],
-                   failed: list[Candidate], deferred: tuple[dict, dict] | None, groups: dict[tuple, Candidate]) -> None:
+                   failed: list[Candidate], deferred: tuple[dict, dict] | None,
+                   groups: dict[str, dict[tuple, Candidate]]) -> None:
     """One allocate pass over each queue's workloads in order and their ``facts_of`` beside them.
     With ``deferred`` (workloads and facts by queue), workloads that would take their queue above
     its fair share are set aside there instead of tried. Failures are appended to ``failed`` in the order
     tried (``Candidate.seq``); a workload whose request already failed for capacity joins the
-    group of its queue and request in ``groups`` (see ``Candidate``).
+    group of its queue and request in ``groups`` (queue -> request -> group; see ``Candidate``).
 
     A queue keeps its turn through consecutive failures while its next workload ranks as the
     failed one did (the order between queues only changes when something binds, or when the next
@@ -336,6 +337,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
             heapq.heappush(heap, (fresh, q, i))
             continue
         n = len(lst)
+        mine = groups.setdefault(q, {}) if shortcuts else {}  # this queue's groups by request
         check_quota = ctx.limited[q]
         path = ctx.tree.path(q)
         bound = False
@@ -359,24 +361,26 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
                 failed.append(c)
                 continue
             if not check_quota and pre:  # quota cannot stop it: only capacity can
-                template = dead_raw.get(rk)
-                if template is not None:
-                    g = groups.get((rk, q)) if shortcuts else None
-                    if g is None:
+                g = mine.get(rk)  # (a group is only opened for a request that failed)
+                if g is not None:
+                    if not g.more or prio > g.more_top:
+                        g.more_top = prio
+                    g.more.append(w)
+                    g.more_seq.append(seq)
+                    g.more_ids.append(w.id)  # (read while the workload is at hand: see wait_all)
+                    template = None
+                else:
+                    template = dead_raw.get(rk)
+                    if template is not None:
                         g = template.like(w, seq)
                         if shortcuts:
                             g.more, g.more_seq, g.more_ids = [], [], []
-                            groups[(rk, q)] = g
+                            mine[rk] = g
                         failed.append(g)
-                    else:
-                        if not g.more or prio > g.more_top:
-                            g.more_top = prio
-                        g.more.append(w)
-                        g.more_seq.append(seq)
-                        g.more_ids.append(w.id)  # (read while the workload is at hand: see wait_all)
+                if g is not None:
                     seq += 1
                     if low is not None and prio > low:
-                        _maybe_behind(ctx, template.like(w), lowest)
+                        _maybe_behind(ctx, (template or dead_raw[rk]).like(w), lowest)
                         low = lowest.get(q) if q not in ctx.probed else None
                         first = behind.get(q)
                     continue
