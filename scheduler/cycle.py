@@ -213,9 +213,16 @@ class Cycle:
         self._positions = self.result.positions
         self.max_gpu_mem = int(self.now.gpu_mem.max()) if len(self.now.gpu_mem) else 0
         known = self.tree.queues
-        self.workloads = [w for w in snap.workloads if w.queue in known]
-        self.by_id = dict(zip(map(_ID, self.workloads), self.workloads))
-        names = list(self.tree.queues)
+        names = list(known)
+        book_key = (self.max_gpu_mem, tuple(names))
+        changes = snap.changes
+        kept = waiting is not None and waiting.key == book_key and changes is not None
+        ws = self.workloads = snap.workloads
+        self.by_id = dict(zip(map(_ID, ws), ws))
+        # the workloads of known queues: all of the snapshot's when all of the last one's were
+        # (the kept book says) and none changed names another queue (not looked for again)
+        if not (kept and waiting.all_known and all(self.by_id[c].queue in known for c in changes if c in self.by_id)):
+            self._known_only(ws)
         self._reqs: dict[tuple, PodRequest] = {}
         self._masks: dict[tuple, np.ndarray | None] = {}
         self._pending_amounts: dict[tuple, Vec] = {}
@@ -228,17 +235,20 @@ class Cycle:
         # Pending workloads (most of a busy snapshot): their amounts, demand and shapes, worked out
         # once per distinct request, or kept from the last snapshot and brought up to date
         held: list[Workload] = [w for w in self.workloads if w.phase is not PENDING]
-        book_key = (self.max_gpu_mem, tuple(names))
         self.book_mismatch = False  # a kept book did not come out with the snapshot's pending count
-        if waiting is not None and waiting.key == book_key and snap.changes is not None:
-            waiting.update(snap.changes, self.by_id)
+        if kept:
+            waiting.update(changes, self.by_id)
             if len(waiting.ws) != len(self.workloads) - len(held):  # changes the adapter did not name
                 self.book_mismatch, waiting = True, None
+                if self.workloads is ws:  # (nor whether one names another queue)
+                    self._known_only(ws)
+                    held = [w for w in self.workloads if w.phase is not PENDING]
         else:
             waiting = None
         if waiting is None:
             waiting = WaitingBook.fresh([w for w in self.workloads if w.phase is PENDING],
                                         self.max_gpu_mem, book_key[1], keep)
+        waiting.all_known = len(self.workloads) == len(ws)
         self.waiting = waiting
         self.pending: list[Workload] = waiting.pending
         # (a kept book's amounts stay its own: the held workloads' are added to a copy)
@@ -358,6 +368,13 @@ class Cycle:
         # reservations are handed on as markers, and consolidation does not move them again
         self.settling: dict[str, Reservation] = {}
         self._intake(snap.reservations)
+
+    def _known_only(self, ws: list[Workload]) -> None:
+        """``workloads`` (and ``by_id``): those of ``ws`` in known queues."""
+        known = self.tree.queues
+        self.workloads = [w for w in ws if w.queue in known]
+        if len(self.workloads) < len(ws):
+            self.by_id = dict(zip(map(_ID, self.workloads), self.workloads))
 
     def _policy(self, view: str):
         pol = self.policies.get(view)

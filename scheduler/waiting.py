@@ -124,6 +124,8 @@ class WaitingBook:
         self._facts: dict[tuple, tuple] = {}  # one tuple per distinct fact (few: read from cache)
         self.positions: dict[str, int] = {}
         self.pending: list[Workload] = []
+        # (kept books) every workload of the snapshot it was made for was in a known queue
+        self.all_known = False
 
     @classmethod
     def fresh(cls, pending: list[Workload], max_gpu_mem: int, names: tuple[str, ...],

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler
 from gpupool.scheduler.model import NodeSpec, Phase, QueueSpec, Snapshot, Workload
+from gpupool.scheduler.reasons import Code
 from gpupool.scheduler.waiting import WaitingBook, by_queue, facts_of
 from gpupool.sim import parse_scenario, simulate
 from guarantee_scenarios import example_settings as _settings, scenarios
@@ -190,3 +191,25 @@ def test_a_change_left_unnamed_is_caught_by_the_pending_count():
     assert s.book_mismatches == 1
     assert {x.workload for x in result.binds} == {"a", "b"}
     assert set(s._waiting.amounts) == {"a", "b"}
+
+
+def test_a_workload_of_an_unknown_queue_is_left_out_with_a_kept_book():
+    """With a kept book the snapshot's workloads are taken whole while every one is in a known
+    queue; one that names another queue, when named as changed or (against the contract) not
+    named at all, is still left out, waiting with its reason, and the others are scheduled."""
+    s = Scheduler()
+    a = Workload("a", "a", gpus=1)
+    s.schedule(_snap([a], frozenset({"a"})))
+    assert s._waiting.all_known
+    stray = Workload("s", "nowhere", gpus=1)
+    result = s.schedule(_snap([a, stray], frozenset({"s"})))
+    assert result.pending["s"].code == Code.NO_QUEUE and not s._waiting.all_known
+    assert "s" not in s._waiting.amounts
+    b = Workload("b", "b", gpus=1)
+    result = s.schedule(_snap([a, stray, b], frozenset({"b"})))  # the stray is looked for again
+    assert result.pending["s"].code == Code.NO_QUEUE and {x.workload for x in result.binds} == {"a", "b"}
+    s.schedule(_snap([a, b], frozenset({"s"})))  # gone: all known again
+    assert s._waiting.all_known
+    other = Workload("o", "elsewhere", gpus=1)
+    result = s.schedule(_snap([a, b, other], frozenset()))  # not named: the count catches it
+    assert result.pending["o"].code == Code.NO_QUEUE and s.book_mismatches == 1
