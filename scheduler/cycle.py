@@ -27,6 +27,7 @@ from .placement import FirstFit, make_policy
 from .reasons import Code, Pending
 from .units import format_amount
 from .victims import lost_gpu_seconds
+from .held import HeldBook, takes
 from .waiting import WaitingBook, pending_amount
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
@@ -256,25 +257,42 @@ class Cycle:
         for q, d in waiting.demand.items():
             demand_leaf[q] = [d[0], d[1], d[2]]
         shape_count: dict[tuple, float] = dict(waiting.shapes)
+        # Held workloads: what is worked out of each is kept with the book (``HeldBook``), for
+        # those the snapshot does not name as changed; the cluster's part kept summed
+        width = self.now.gpu_free.shape[1]
+        hb = waiting.held if kept and waiting.held is not None and waiting.held.fits(snap.nodes, width) else None
+        if hb is not None:
+            hb.forget(changes)
+        elif waiting.lists is not None:  # a book to keep: its held workloads from here
+            hb = HeldBook(snap.nodes, self.now.index, width)
+        waiting.held = hb
+        known_held = hb.facts if hb is not None else None
         self.running: list[Workload] = []
         releasing: list[Workload] = []
         amounts, running = self.amounts, self.running
         for w in held:  # the hottest loop of the snapshot: kept flat
-            pl = w.placements
-            if pl:
-                g = 0.0
-                for p in pl:
-                    g += len(p.gpus) * p.fraction
-                amt = (g, w.cpu * w.pods, float(w.memory * w.pods))
+            wid = w.id
+            f = known_held.get(wid) if known_held is not None else None
+            if f is None:
+                pl = w.placements
+                if pl:
+                    g = 0.0
+                    for p in pl:
+                        g += len(p.gpus) * p.fraction
+                    amt = (g, w.cpu * w.pods, float(w.memory * w.pods))
+                else:
+                    amt = self.amount(w)
+                rkey = (w.gpus, w.gpu_memory, w.cpu, w.memory)
+                if hb is not None:
+                    hb.note(wid, (amt, rkey, hb.take_of(w)))
             else:
-                amt = self.amount(w)
-            amounts[w.id] = amt
+                amt, rkey = f[0], f[1]
+            amounts[wid] = amt
             q = w.queue
             d = demand_leaf[q]
             d[0] += amt[0]
             d[1] += amt[1]
             d[2] += amt[2]
-            rkey = (w.gpus, w.gpu_memory, w.cpu, w.memory)
             shape_count[rkey] = shape_count.get(rkey, 0.0) + w.pods
             v = leaf_alloc[q]
             v[0] += amt[0]
@@ -299,7 +317,18 @@ class Cycle:
         self.alloc = self._rollup(leaf_alloc)
         self.releasing = self._rollup(leaf_rel)
         self.nonpre = self._rollup(leaf_nonpre)
-        self._take_all(held)
+        if hb is not None:
+            if len(hb.facts) != len(held):  # a held workload gone that the snapshot did not name
+                hb.keep_only({w.id for w in held})
+                self.book_mismatch = True
+            hb.settle()
+            st = self.now
+            st.gpu_free -= hb.gpu.reshape(st.gpu_free.shape)
+            st.cpu_free -= hb.cpu
+            st.mem_free -= hb.mem
+            st.forget()
+        else:
+            self._take_all(held)
         self.future = self.now.copy()
         for w in releasing:
             for p in w.placements:
@@ -385,24 +414,12 @@ class Cycle:
     def _take_all(self, held: list[Workload]) -> None:
         """Take every held workload's resources from the ``now`` view in one vectorised step."""
         st = self.now
-        nodes, gpus, milli, pod_nodes, cpu, mem = [], [], [], [], [], []
-        for w in held:
-            c, m = int(round(w.cpu * MILLI)), w.memory
-            for p in w.placements:
-                n = st.index.get(p.node)
-                if n is None:
-                    continue
-                pod_nodes.append(n)
-                cpu.append(c)
-                mem.append(m)
-                for g in p.gpus:
-                    nodes.append(n)
-                    gpus.append(g)
-                    milli.append(p.milli)
-        if nodes:
-            np.subtract.at(st.gpu_free, (np.array(nodes), np.array(gpus)), np.array(milli, dtype=np.int64))
-        if pod_nodes:
-            idx = np.array(pod_nodes)
+        width = st.gpu_free.shape[1]
+        keys, milli, pods, cpu, mem = takes(held, st.index, width)
+        if keys:
+            np.subtract.at(st.gpu_free, np.divmod(np.array(keys, dtype=np.int64), width), np.array(milli, dtype=np.int64))
+        if pods:
+            idx = np.array(pods)
             np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
             np.subtract.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
         st.forget()

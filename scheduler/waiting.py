@@ -126,6 +126,7 @@ class WaitingBook:
         self.pending: list[Workload] = []
         # (kept books) every workload of the snapshot it was made for was in a known queue
         self.all_known = False
+        self.held = None  # (kept books) the held workloads' ``held.HeldBook``, kept beside
 
     @classmethod
     def fresh(cls, pending: list[Workload], max_gpu_mem: int, names: tuple[str, ...],

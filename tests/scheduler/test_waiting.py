@@ -14,12 +14,14 @@ import dataclasses
 import json
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupool.scheduler import Scheduler
-from gpupool.scheduler.model import NodeSpec, Phase, QueueSpec, Snapshot, Workload
+from gpupool.scheduler.cycle import Cycle
+from gpupool.scheduler.model import MILLI, NodeSpec, Phase, PodPlacement, QueueSpec, Snapshot, Workload
 from gpupool.scheduler.reasons import Code
 from gpupool.scheduler.waiting import WaitingBook, by_queue, facts_of
 from gpupool.sim import parse_scenario, simulate
@@ -213,3 +215,61 @@ def test_a_workload_of_an_unknown_queue_is_left_out_with_a_kept_book():
     other = Workload("o", "elsewhere", gpus=1)
     result = s.schedule(_snap([a, b, other], frozenset()))  # not named: the count catches it
     assert result.pending["o"].code == Code.NO_QUEUE and s.book_mismatches == 1
+
+
+@given(st.integers(0, 10_000), st.integers(3, 30))
+@_settings(40)
+def test_the_kept_held_sums_equal_a_fresh_take(seed, steps):
+    """Held workloads that start, move, end or change shape, named as changes cycle after cycle:
+    the now view a kept ``HeldBook`` gives (capacity less its kept sums) is the one taken afresh
+    from every held workload, and so are the cycle's results (placements on a node the snapshot
+    does not know take nothing either way)."""
+    rng = random.Random(seed)
+    nodes = [NodeSpec(f"n{i}", gpus=rng.choice([2, 4]), gpu_memory=40 << 30, cpu=32, memory=256 << 30)
+             for i in range(3)]
+    live: dict[str, Workload] = {}
+    kept, n = Scheduler(), 0
+    for step in range(steps):
+        changed: set[str] = set()
+        for _ in range(rng.randint(0, 6)):
+            if rng.random() < 0.5 or not live:
+                n += 1
+                node = rng.choice(nodes + [NodeSpec("gone", gpus=1)])
+                gpus = tuple(sorted(rng.sample(range(node.gpus), rng.randint(1, node.gpus))))
+                w = Workload(f"h{n}", rng.choice(NAMES), gpus=len(gpus), cpu=rng.choice([1, 2.5]), memory=rng.choice([0, 1 << 30]),
+                             phase=rng.choice([Phase.RUNNING, Phase.RUNNING, Phase.RELEASING]), started_at=0.0,
+                             placements=(PodPlacement(0, node.name, gpus, rng.choice([1.0, 0.5])),))
+                live[w.id] = w
+                changed.add(w.id)
+            else:
+                wid = rng.choice(sorted(live))
+                changed.add(wid)
+                if rng.random() < 0.5:
+                    del live[wid]
+                else:
+                    live[wid].phase = Phase.RELEASING
+        snap = Snapshot(float(step), nodes, [QueueSpec(q) for q in NAMES], list(live.values()), changes=frozenset(changed))
+        got = kept.schedule(snap)
+        want = Scheduler().schedule(dataclasses.replace(snap, changes=None))
+        assert got == want
+        assert kept.book_mismatches == 0
+        book = kept._waiting.held
+        fresh = Cycle(dataclasses.replace(snap, changes=None), kept.config)
+        assert np.array_equal(fresh.now.gpu_free.reshape(-1), np.where(fresh.now.gpu_exists, MILLI, 0).reshape(-1) - book.gpu)
+        assert set(book.facts) == set(live)
+
+
+def test_a_held_workload_gone_unnamed_is_caught():
+    """A held workload that leaves the snapshot without being named leaves its take in the kept
+    sums: the count of held workloads catches it, and the sums are put right."""
+    s = Scheduler()
+    node = NodeSpec("n", gpus=2, gpu_memory=40 << 30)
+    a = Workload("a", "a", gpus=1, phase=Phase.RUNNING, started_at=0.0, placements=(PodPlacement(0, "n", (0,)),))
+    b = Workload("b", "b", gpus=1, phase=Phase.RUNNING, started_at=0.0, placements=(PodPlacement(0, "n", (1,)),))
+    queues = [QueueSpec(q) for q in NAMES]
+    s.schedule(Snapshot(0.0, [node], queues, [a, b], changes=frozenset({"a", "b"})))
+    p = Workload("p", "a", gpus=1)
+    result = s.schedule(Snapshot(1.0, [node], queues, [a, p], changes=frozenset({"p"})))  # b gone, not named
+    assert s.book_mismatches == 1
+    assert [x.workload for x in result.binds] == ["p"] and result.binds[0].placements[0].gpus == (1,)
+    assert set(s._waiting.held.facts) == {"a"}
