@@ -140,6 +140,9 @@ class CycleWorker:
         self.sessions = sessions
         self.scheduler = Scheduler(config.scheduler)
         self._pending_cache: dict[int, SWorkload] = {}
+        # holders' model objects, kept while their row is unchanged: row id -> (row, queue, model)
+        self._held_cache: dict[int, tuple[tuple, str, SWorkload]] = {}
+        self._nodes: dict[str, NodeSpec] = {}  # the last snapshot's node objects, reused while equal
         # what the last snapshot the scheduler decided held (ids), or None: the next snapshot then
         # names no changes (``Snapshot.changes``) and the scheduler works everything out afresh
         self._held_ids: set[str] | None = None
@@ -200,16 +203,19 @@ class CycleWorker:
         workloads: list[SWorkload] = []
         by_id: dict[str, Any] = {}
         # what changed since the last snapshot the scheduler decided (none known if it decided
-        # none): the workloads holding GPUs now or then (their model objects are made afresh), the
-        # queued ones made afresh, those no longer queued
-        changes: set[str] = set(self._held_ids or ())
+        # none): the workloads made afresh (holders whose row changed, queued ones), those that
+        # held GPUs then and do not now, those no longer queued
+        changes: set[str] = set()
         held_now: set[str] = set()
         orphaned = False
         views: dict[str, QueueView] = {q.name: QueueView() for q in queues}
         nodes = {n.name: n for n in nodes_list}
+        held_cache, held_kept = self._held_cache, {}
         for row in holding:
             queue = row.queue
-            placements = decode_allocation(row.allocation)
+            values = tuple(row)
+            hit = held_cache.get(row.id)
+            placements = hit[2].placements if hit is not None and hit[0] == values else decode_allocation(row.allocation)
             if self.config.live_nodes:
                 # A live inventory counts free GPUs (others' pods subtracted): a run placed on GPU 3
                 # of a node that now shows 3 keeps counting (the node is widened for this cycle),
@@ -225,8 +231,13 @@ class CycleWorker:
                 continue
             if queue not in self.queue_names:
                 queue, orphaned = REMOVED_QUEUE, True
-            w = _model(row, queue, phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
-                       placements=placements, started_at=row.started_at)
+            if hit is not None and hit[0] == values and hit[1] == queue:
+                w = hit[2]  # unchanged: the same object (``Snapshot.changes``)
+            else:
+                w = _model(row, queue, phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,
+                           placements=placements, started_at=row.started_at)
+                changes.add(w.id)
+            held_kept[row.id] = (values, queue, w)
             workloads.append(w)
             by_id[w.id] = row
             held_now.add(w.id)
@@ -244,12 +255,18 @@ class CycleWorker:
             by_id[w.id] = row
             views.setdefault(row.queue, QueueView()).pending += 1
         changes.update(w.id for rid, w in cache.items() if rid not in fresh)  # no longer queued
-        changes |= held_now
+        changes.update((self._held_ids or set()) - held_now)  # held then, not now
         self._held_now = held_now
         self._pending_cache = fresh
+        self._held_cache = held_kept
         if orphaned:
             queues.append(QueueSpec(name=REMOVED_QUEUE))
-        return Snapshot(now=now, nodes=list(nodes.values()), queues=queues, workloads=workloads,
+        # the same node objects while a node is unchanged (the core keeps what it worked out of
+        # the held workloads for one node list)
+        last = self._nodes
+        node_list = [n if (o := last.get(n.name)) is None or o != n else o for n in nodes.values()]
+        self._nodes = {n.name: n for n in node_list}
+        return Snapshot(now=now, nodes=node_list, queues=queues, workloads=workloads,
                         reservations=list(reservations),
                         changes=frozenset(changes) if self._held_ids is not None else None), by_id, views
 

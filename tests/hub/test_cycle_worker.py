@@ -4,6 +4,7 @@ hangs (``c.GPUPool.cycle_timeout``), costs no cycle. How much it helps the API's
 --loaded``, not here."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -15,7 +16,7 @@ import pytest
 from gpupool.backends.base import RUNNING, JobBackend, RunState
 from gpupool.hub_ext import store as D
 from gpupool.hub_ext.runtime.cycle_worker import Decider, WorkerConfig
-from gpupool.scheduler.model import NodeSpec, QueueSpec, SchedulerConfig
+from gpupool.scheduler.model import NodeSpec, Phase, QueueSpec, SchedulerConfig
 
 from hub_harness import Hub, _alive, children, hub_leak_check  # noqa: F401 (leak check fixtures)
 
@@ -331,7 +332,8 @@ def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatc
     """The worker names what changed since the last snapshot it had decided (``Snapshot.changes``),
     so the scheduler keeps its book of the queued workloads: over cycles with binds, evictions,
     arrivals, cancellations and ends carried out in between, the same decisions as a worker whose
-    snapshots name nothing, with no change missed (the book never disagrees with the snapshot)."""
+    snapshots name nothing, with no change missed (the book never disagrees with the snapshot);
+    holders whose row is unchanged are not named (their model objects are kept)."""
     import dataclasses
 
     from gpupool.hub_ext.runtime.cycle_worker import CycleWorker
@@ -348,7 +350,7 @@ def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatc
         if self._blind:
             snapshot = dataclasses.replace(snapshot, changes=None)
         else:
-            changes.append(snapshot.changes)
+            changes.append((snapshot.changes, {w.id for w in snapshot.workloads if w.placements}))
         out = real(self, snapshot)
         assert self.book_mismatches == 0
         return out
@@ -365,8 +367,46 @@ def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatc
             seen[name].append((r.binds, r.evictions, dict(r.pending), r.positions, r.fair_share, r.reservations))
             _apply(url, r, now + 5 * k, k)
     assert seen["named"] == seen["blind"]
-    assert changes[0] is None and all(c is not None for c in changes[1:])
+    assert changes[0][0] is None and all(c is not None for c, _ in changes[1:])
+    # holders whose row did not change keep their model object and are not named
+    assert all(held - c for c, held in changes[1:])
     assert any(b for b, *_ in seen["named"][1:]) and any(e for _, e, *_ in seen["named"])
+
+
+def test_a_holder_keeps_its_model_object_until_its_row_changes(tmp_path):
+    """Between two decided cycles: a holder whose row did not change is the same object and not
+    named; one asked to stop (releasing now) or moved to other GPUs is made afresh and named, and
+    so is one that ended; the node objects are the same while the nodes are equal."""
+    from sqlalchemy import update
+
+    from gpupool.hub_ext.runtime.cycle_worker import CycleWorker
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    now = time.time()
+    _seed(url, now)
+    sessions = D.make_sessionmaker(D.make_engine(url))
+    worker = CycleWorker(WorkerConfig(db_url=url, queues=QUEUES, scheduler=SchedulerConfig()), sessions)
+    snaps = []
+    real = worker.scheduler.schedule
+    worker.scheduler.schedule = lambda snap: (snaps.append(snap), real(snap))[1]
+    worker.decide(now, NODES, [])
+    with sessions() as s:
+        rows = sorted(s.query(D.Workload).filter_by(status=D.RUNNING), key=lambda r: r.id)
+        stop, move, end = rows[0].id, rows[1].id, rows[2].id
+        s.execute(update(D.Workload).where(D.Workload.id == stop).values(stop_requested_at=now + 1))
+        s.execute(update(D.Workload).where(D.Workload.id == move).values(
+            allocation=[{"pod": 0, "node": NODES[-1].name, "gpus": [3], "fraction": 1.0}]))
+        s.execute(update(D.Workload).where(D.Workload.id == end).values(status=D.SUCCEEDED, allocation=None))
+        kept = rows[3].id
+        s.commit()
+    worker.decide(now + 5, [dataclasses.replace(n) for n in NODES], [])  # equal nodes, other objects
+    first, second = ({w.id: w for w in snap.workloads} for snap in snaps)
+    pid = lambda i: D.public_id(D.WORKSPACE, i)  # noqa: E731
+    assert second[pid(kept)] is first[pid(kept)] and pid(kept) not in snaps[1].changes
+    assert second[pid(stop)].phase is Phase.RELEASING and pid(stop) in snaps[1].changes
+    assert second[pid(move)].placements[0].node == NODES[-1].name and pid(move) in snaps[1].changes
+    assert pid(end) not in second and pid(end) in snaps[1].changes
+    assert all(a is b for a, b in zip(snaps[0].nodes, snaps[1].nodes))
 
 
 def test_a_change_the_worker_does_not_name_is_logged_and_decided_all_the_same(tmp_path, caplog):
