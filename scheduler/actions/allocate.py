@@ -26,6 +26,7 @@ from ..waiting import by_queue, facts_of
 
 
 _ID = operator.attrgetter("id")
+_SINCE_HOLDER = operator.attrgetter("since", "workload")
 
 
 def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidate]:
@@ -95,8 +96,9 @@ def _bind_holders(ctx: Cycle) -> None:
     nowhere: set[tuple] = set()
     rows = FreeRows(now)  # the probes read the now view as lists (kept in step through its log)
     todo = []
-    for wid, r in sorted(ctx.reservations.items(), key=lambda kv: (kv[1].since, kv[0])):
-        w = ctx.by_id[wid]
+    by_id = ctx.by_id
+    for r in sorted(ctx.reservations.values(), key=_SINCE_HOLDER):  # (a reservation is its holder's)
+        w = by_id[r.workload]
         if w.phase is Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
             todo.append((w, r, ctx.candidate(w)))
     # the first probes of every single-pod holder at once, on the now view as it is before any
