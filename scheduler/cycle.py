@@ -20,6 +20,7 @@ import numpy as np
 
 from .cluster import ClusterState, PodRequest, fits_placements
 from .fairshare import EPS, QueueTree, fair_shares, guarantees
+from .held import HeldBook, takes
 from .intake import take_in
 from .model import (MILLI, RESOURCES, Bind, CycleResult, Evict, Phase, PodPlacement, Reservation, SchedulerConfig,
                     Snapshot, Workload)
@@ -27,7 +28,6 @@ from .placement import FirstFit, make_policy
 from .reasons import Code, Pending
 from .units import format_amount
 from .victims import lost_gpu_seconds
-from .held import HeldBook, takes
 from .waiting import WaitingBook, pending_amount
 
 Vec = tuple[float, float, float]  # gpu, cpu, memory
@@ -143,7 +143,8 @@ class Candidate:
         """The same request and failure for another workload of the same shape."""
         c = Candidate.__new__(Candidate)
         c.w, c.req, c.amount, c.mask, c.shape = w, self.req, self.amount, self.mask, self.shape
-        c.code, c.detail, c.seq, c.more, c.more_seq, c.more_top, c.more_ids = self.code, self.detail, seq, None, None, 0, None
+        c.code, c.detail, c.seq = self.code, self.detail, seq
+        c.more, c.more_seq, c.more_top, c.more_ids = None, None, 0, None
         return c
 
     def members(self) -> list["Candidate"]:
@@ -417,7 +418,8 @@ class Cycle:
         width = st.gpu_free.shape[1]
         keys, milli, pods, cpu, mem = takes(held, st.index, width)
         if keys:
-            np.subtract.at(st.gpu_free, np.divmod(np.array(keys, dtype=np.int64), width), np.array(milli, dtype=np.int64))
+            at = np.divmod(np.array(keys, dtype=np.int64), width)  # (node, GPU)
+            np.subtract.at(st.gpu_free, at, np.array(milli, dtype=np.int64))
         if pods:
             idx = np.array(pods)
             np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))

@@ -215,7 +215,8 @@ class CycleWorker:
             queue = row.queue
             values = tuple(row)
             hit = held_cache.get(row.id)
-            placements = hit[2].placements if hit is not None and hit[0] == values else decode_allocation(row.allocation)
+            same = hit is not None and hit[0] == values
+            placements = hit[2].placements if same else decode_allocation(row.allocation)
             if self.config.live_nodes:
                 # A live inventory counts free GPUs (others' pods subtracted): a run placed on GPU 3
                 # of a node that now shows 3 keeps counting (the node is widened for this cycle),
@@ -231,7 +232,7 @@ class CycleWorker:
                 continue
             if queue not in self.queue_names:
                 queue, orphaned = REMOVED_QUEUE, True
-            if hit is not None and hit[0] == values and hit[1] == queue:
+            if same and hit[1] == queue:
                 w = hit[2]  # unchanged: the same object (``Snapshot.changes``)
             else:
                 w = _model(row, queue, phase=Phase.RELEASING if row.stop_requested_at is not None else Phase.RUNNING,

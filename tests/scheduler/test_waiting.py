@@ -236,7 +236,8 @@ def test_the_kept_held_sums_equal_a_fresh_take(seed, steps):
                 n += 1
                 node = rng.choice(nodes + [NodeSpec("gone", gpus=1)])
                 gpus = tuple(sorted(rng.sample(range(node.gpus), rng.randint(1, node.gpus))))
-                w = Workload(f"h{n}", rng.choice(NAMES), gpus=len(gpus), cpu=rng.choice([1, 2.5]), memory=rng.choice([0, 1 << 30]),
+                w = Workload(f"h{n}", rng.choice(NAMES), gpus=len(gpus), cpu=rng.choice([1, 2.5]),
+                             memory=rng.choice([0, 1 << 30]),
                              phase=rng.choice([Phase.RUNNING, Phase.RUNNING, Phase.RELEASING]), started_at=0.0,
                              placements=(PodPlacement(0, node.name, gpus, rng.choice([1.0, 0.5])),))
                 live[w.id] = w
@@ -244,18 +245,26 @@ def test_the_kept_held_sums_equal_a_fresh_take(seed, steps):
             else:
                 wid = rng.choice(sorted(live))
                 changed.add(wid)
-                if rng.random() < 0.5:
+                op = rng.random()
+                if op < 0.4:
                     del live[wid]
+                elif op < 0.7:  # moved (consolidation): a new object on other GPUs
+                    node = rng.choice(nodes)
+                    gpus = tuple(sorted(rng.sample(range(node.gpus), rng.randint(1, node.gpus))))
+                    live[wid] = dataclasses.replace(live[wid], gpus=len(gpus),
+                                                    placements=(PodPlacement(0, node.name, gpus),))
                 else:
                     live[wid].phase = Phase.RELEASING
-        snap = Snapshot(float(step), nodes, [QueueSpec(q) for q in NAMES], list(live.values()), changes=frozenset(changed))
+        snap = Snapshot(float(step), nodes, [QueueSpec(q) for q in NAMES], list(live.values()),
+                        changes=frozenset(changed))
         got = kept.schedule(snap)
         want = Scheduler().schedule(dataclasses.replace(snap, changes=None))
         assert got == want
         assert kept.book_mismatches == 0
         book = kept._waiting.held
         fresh = Cycle(dataclasses.replace(snap, changes=None), kept.config)
-        assert np.array_equal(fresh.now.gpu_free.reshape(-1), np.where(fresh.now.gpu_exists, MILLI, 0).reshape(-1) - book.gpu)
+        capacity = np.where(fresh.now.gpu_exists, MILLI, 0).reshape(-1)
+        assert np.array_equal(fresh.now.gpu_free.reshape(-1), capacity - book.gpu)
         assert set(book.facts) == set(live)
 
 
