@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from demo_process import GPUPOOL, HubProcess, free_port_block, process_tree
@@ -53,6 +54,12 @@ def test_a_stray_proxy_is_stopped_and_nothing_else(tmp_path):
     import threading
 
     threading.Thread(target=proxy.wait, daemon=True).start()  # reaped at once, as init reaps a real stray
+    # a real stray has been running a while: Popen returns as the exec begins, and until the new
+    # program's arguments are laid out /proc shows an empty command line (on a loaded machine the
+    # check below then read "" and left the proxy alone)
+    deadline = time.monotonic() + 10
+    while cli.PROXY not in " ".join(psutil.Process(proxy.pid).cmdline()) and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         pid_file = tmp_path / "jupyterhub-proxy.pid"
         pid_file.write_text(str(other.pid))
