@@ -84,16 +84,16 @@ class HeldBook:
 
     def settle(self) -> None:
         """Apply the takes noted or forgotten since the last call to the sums."""
-        for takes, sign in ((self._add, 1), (self._sub, -1)):
-            if not takes:
+        for noted, sign in ((self._add, 1), (self._sub, -1)):
+            if not noted:
                 continue
-            keys = [k for t in takes for k in t[0]]
+            keys = [k for t in noted for k in t[0]]
             if keys:
-                milli = [v for t in takes for v in t[1]]
+                milli = [v for t in noted for v in t[1]]
                 np.add.at(self.gpu, np.array(keys, dtype=np.int64), sign * np.array(milli, dtype=np.int64))
-            pods = [n for t in takes for n in t[2]]
+            pods = [n for t in noted for n in t[2]]
             if pods:
                 at = np.array(pods, dtype=np.int64)
-                np.add.at(self.cpu, at, sign * np.array([v for t in takes for v in t[3]], dtype=np.int64))
-                np.add.at(self.mem, at, sign * np.array([v for t in takes for v in t[4]], dtype=np.int64))
-            takes.clear()
+                np.add.at(self.cpu, at, sign * np.array([v for t in noted for v in t[3]], dtype=np.int64))
+                np.add.at(self.mem, at, sign * np.array([v for t in noted for v in t[4]], dtype=np.int64))
+            noted.clear()

@@ -168,10 +168,7 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
     for x, v in reserved.items():
         ctx_reserved[x] = v
     queues: set[str] = set()
-    # ``Cycle._note_starting(wid, +1)`` for each, inline
-    starting, starting_prios, lowest = ctx._starting, ctx._starting_prios, ctx._lowest
     holds_of, reservations = ctx.holds, ctx.reservations
-    pending = Phase.PENDING
     g, p = 0, 0
     for j in range(i, stop):
         r, w = todo[j]
@@ -185,11 +182,7 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
             p += 1
         holds_of[wid] = holds
         reservations[wid] = r
-        if w.phase is pending and w.preemptible and wid not in starting:
-            starting.add(wid)
-            lowest.pop(q, None)
-            prios = starting_prios.setdefault(q, {})
-            prios[w.priority] = prios.get(w.priority, 0) + 1
+        ctx._note_starting(wid, +1)
     for q in queues:
         ctx._changing(q)
     ctx._held_all = None

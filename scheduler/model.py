@@ -198,8 +198,8 @@ class Snapshot:
     usage: dict[str, dict[str, float]] = field(default_factory=dict)
     # what changed since the previous snapshot given to the same Scheduler: the ids of the
     # workloads added, removed or changed in any field (every other workload is the same object,
-    # unchanged). The Scheduler then keeps what it works out of the pending workloads and updates
-    # it for these alone. None: not known (everything is worked out afresh)
+    # unchanged). The Scheduler then keeps what it works out of the workloads (waiting.py,
+    # held.py) and updates it for these alone. None: not known (everything is worked out afresh)
     changes: frozenset[str] | None = None
 
 

@@ -169,7 +169,7 @@ class CycleWorker:
                 result = self.scheduler.schedule(snap)
             self._held_ids = held_ids
             if self.scheduler.book_mismatches > missed:  # decided all the same, on a book made afresh
-                log.warning("cycle at %.0f: the snapshot did not name a change of the queued workloads; "
+                log.warning("cycle at %.0f: the snapshot did not name a change of the workloads; "
                             "the scheduler worked them out afresh (no decision is affected; please report it)",
                             now)
             decide_ms = (time.perf_counter() - t1) * 1000

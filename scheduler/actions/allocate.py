@@ -370,7 +370,6 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
                     g.more.append(w)
                     g.more_seq.append(seq)
                     g.more_ids.append(w.id)  # (read while the workload is at hand: see wait_all)
-                    template = None
                 else:
                     template = dead_raw.get(rk)
                     if template is not None:
@@ -382,7 +381,7 @@ def _allocate_pass(ctx: Cycle, queues: dict[str, list[Workload]], facts: dict[st
                 if g is not None:
                     seq += 1
                     if low is not None and prio > low:
-                        _maybe_behind(ctx, (template or dead_raw[rk]).like(w), lowest)
+                        _maybe_behind(ctx, dead_raw[rk].like(w), lowest)
                         low = lowest.get(q) if q not in ctx.probed else None
                         first = behind.get(q)
                     continue

@@ -14,8 +14,6 @@ reservations) must give byte-identical reports, reasons included, with the short
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -23,15 +21,9 @@ from hypothesis import strategies as st
 
 from gpupool.scheduler import cycle, plan
 from gpupool.scheduler.actions import allocate
-from gpupool.sim import parse_scenario, simulate
 # ``_settings``: the name the decorators below were written with, part of each property's seed
 from guarantee_scenarios import example_settings as _settings, scenarios
-
-
-def _report(data: dict, seed: int) -> str:
-    report = simulate(parse_scenario(data), seed=seed)
-    report.pop("timing", None)
-    return json.dumps(report, sort_keys=True, default=str)
+from sim_harness import report_text
 
 
 @st.composite
@@ -74,10 +66,10 @@ def _same_both_ways(data: dict, seed: int) -> None:
     # clusters walk a few, so the marking starts after 0, 1 or 2 of them here
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plan, "SKIP_AFTER", seed)
-        fast = _report(data, seed)
+        fast = report_text(data, seed)
     cycle.SHORTCUTS = False
     try:
-        slow = _report(data, seed)
+        slow = report_text(data, seed)
     finally:
         cycle.SHORTCUTS = True
     assert fast == slow
@@ -111,7 +103,7 @@ def _groups_keep_their_members_facts(monkeypatch, data: dict, seed: int) -> int:
                 seen[0] += 1
         return out
     monkeypatch.setitem(core.ACTIONS, "allocate", checked)
-    _report(data, seed)
+    report_text(data, seed)
     return seen[0]
 
 
@@ -141,7 +133,7 @@ def _holder_probes_agree(monkeypatch, data: dict, seed: int) -> int:
                 compared.append(fits)
         return out
     monkeypatch.setattr(allocate, "_own_node_fits", checked)
-    _report(data, seed)
+    report_text(data, seed)
     return len(compared)
 
 
@@ -202,7 +194,7 @@ def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: i
     monkeypatch.setattr(plan._Skip, "refused_runs", refused_runs)
     monkeypatch.setattr(plan._Skip, "beyond", beyond)
     monkeypatch.setattr(plan, "SKIP_AFTER", 0)
-    _report(data, seed)
+    report_text(data, seed)
     return len(marked)
 
 
@@ -246,7 +238,7 @@ def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> in
 
     monkeypatch.setattr(plan, "_plan_single", single)
     monkeypatch.setattr(plan._Refusals, "cannot_beat", cannot_beat)
-    _report(data, seed)
+    report_text(data, seed)
     return len(checked)
 
 
@@ -269,9 +261,9 @@ def test_a_churn_walk_leaves_nodes_that_cannot_beat_its_plan(monkeypatch):
     data = _churn(50, 40, 1500)
     assert _pruned_nodes_cannot_beat_the_plan(monkeypatch, data, 0) > 0
     monkeypatch.undo()
-    fast = _report(data, 0)
+    fast = report_text(data, 0)
     monkeypatch.setattr(cycle, "SHORTCUTS", False)
-    assert _report(data, 0) == fast
+    assert report_text(data, 0) == fast
 
 
 def test_a_victim_refused_for_its_lower_priority_sibling_may_still_go(monkeypatch):

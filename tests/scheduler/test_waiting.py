@@ -11,7 +11,6 @@ and with them withheld; and the Scheduler drops its book whenever it cannot be b
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 
 import numpy as np
@@ -26,6 +25,7 @@ from gpupool.scheduler.reasons import Code
 from gpupool.scheduler.waiting import WaitingBook, by_queue, facts_of
 from gpupool.sim import parse_scenario, simulate
 from guarantee_scenarios import example_settings as _settings, scenarios
+from sim_harness import report_text
 
 NAMES = ("a", "b", "c")
 SHAPES = [dict(gpus=1), dict(gpus=2, pods=2), dict(gpus=0.3), dict(gpu_memory=10 << 30), dict(gpus=0, cpu=0.7),
@@ -89,12 +89,6 @@ def test_a_kept_book_equals_a_fresh_one(seed, steps):
             assert lst == by_queue(lst)[q]
 
 
-def _report(data: dict, seed: int) -> str:
-    report = simulate(parse_scenario(data), seed=seed)
-    report.pop("timing", None)
-    return json.dumps(report, sort_keys=True, default=str)
-
-
 def _same_with_and_without_changes(data: dict, seed: int) -> None:
     real = Scheduler.schedule
 
@@ -104,13 +98,13 @@ def _same_with_and_without_changes(data: dict, seed: int) -> None:
         return out
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Scheduler, "schedule", checked)
-        kept = _report(data, seed)
+        kept = report_text(data, seed)
 
     def blind(self, snapshot):
         return real(self, dataclasses.replace(snapshot, changes=None))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Scheduler, "schedule", blind)
-        fresh = _report(data, seed)
+        fresh = report_text(data, seed)
     assert kept == fresh
 
 

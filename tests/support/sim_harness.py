@@ -33,6 +33,11 @@ def without_timing(report: dict) -> dict:
     return r
 
 
+def report_text(d: dict, seed: int = 0) -> str:
+    """A whole simulation's report, timing left out, as text (two runs compared byte for byte)."""
+    return json.dumps(without_timing(simulate(parse_scenario(d), seed=seed)), sort_keys=True, default=str)
+
+
 def data(name: str) -> dict:
     return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
 
