@@ -378,7 +378,8 @@ class Cycle:
         self._over_dirty: set[str] = set()
         self._held: dict[str, float] = {}  # see held
         self._side_flags: dict[str, tuple[bool, bool]] = {}  # see side_flags
-        self._vnodes: dict[str, list[tuple[int, int]]] = {}
+        # (kept with the held book: a workload's nodes change only with the workload)
+        self._vnodes: dict[str, list[tuple[int, int]]] = hb.nodes_of if hb is not None else {}
         self._vcost: dict[str, float] = {}
         self.no_room: set[tuple] = set()  # (shape, future_version) that did not fit the future view
         self.cache: dict[str, object] = {}  # per-cycle indexes built by actions and policies

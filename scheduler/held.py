@@ -55,6 +55,9 @@ class HeldBook:
         self.mem = np.zeros(len(nodes), dtype=np.int64)
         self._add: list[Take] = []
         self._sub: list[Take] = []
+        # ``Cycle.victim_nodes``'s cache, kept too: workload id -> (node, GPU milli) per node it
+        # runs on, valid for this node list while the workload is not named as changed
+        self.nodes_of: dict[str, list[tuple[int, int]]] = {}
 
     def fits(self, nodes: list[NodeSpec], width: int) -> bool:
         """Was it made for this node list (the same objects, in order)?"""
@@ -72,15 +75,17 @@ class HeldBook:
 
     def forget(self, ids: Iterable[str]) -> None:
         """Drop these workloads (changed or gone); their takes are taken off."""
-        facts = self.facts
+        facts, nodes_of = self.facts, self.nodes_of
         for wid in ids:
             f = facts.pop(wid, None)
             if f is not None:
                 self._sub.append(f[2])
+            nodes_of.pop(wid, None)
 
     def keep_only(self, ids: set[str]) -> None:
         """Drop every workload but ``ids`` (after a change the snapshot did not name)."""
         self.forget([wid for wid in self.facts if wid not in ids])
+        self.nodes_of.clear()  # (what else went unnamed is not known)
 
     def settle(self) -> None:
         """Apply the takes noted or forgotten since the last call to the sums."""

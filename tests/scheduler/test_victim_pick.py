@@ -80,3 +80,102 @@ def test_a_walk_visits_nodes_in_the_order_of_a_full_sort(keys, head):
     second = np.array([k[1] for k in keys], dtype=float)
     want = np.lexsort((np.arange(len(keys)), second, first)).tolist()
     assert list(plan._lex_order(first, second, head)) == want
+
+
+TIMES = st.one_of(st.none(), st.floats(0.0, 1e6, allow_nan=False, allow_subnormal=False))
+
+
+@_settings(300)
+@given(st.lists(st.tuples(st.booleans(), TIMES, TIMES, st.floats(0.0, 64.0, allow_nan=False, allow_subnormal=False)),
+                max_size=30),
+       st.floats(0.0, 1e6, allow_nan=False, allow_subnormal=False))
+def test_lost_work_of_all_victims_at_once_is_each_ones_bit_for_bit(facts, now):
+    """The victim index works out every victim's lost GPU-seconds in one pass of array
+    arithmetic; it must be what ``lost_gpu_seconds`` says of each (the plans' costs, their ties
+    and the caches share these numbers)."""
+    import numpy as np
+
+    from gpupool.scheduler.victims import lost_gpu_seconds, lost_gpu_seconds_all
+
+    ws = [Workload(f"w{i}", "q", gpus=1.0, checkpoint_on_signal=sig, started_at=start, last_checkpoint_at=last)
+          for i, (sig, start, last, _) in enumerate(facts)]
+    gpus = np.array([g for *_, g in facts], dtype=float)
+    got = lost_gpu_seconds_all(now, gpus, [w.checkpoint_on_signal for w in ws], [w.started_at for w in ws],
+                               [w.last_checkpoint_at for w in ws])
+    want = [lost_gpu_seconds(w, now, g) for w, g in zip(ws, gpus.tolist())]
+    assert got.tolist() == want
+
+
+def _index_one_by_one(ctx) -> dict:
+    """The victim index as it was built before (one victim at a time): the reference."""
+    import numpy as np
+
+    from gpupool.scheduler.victims import lost_gpu_seconds
+
+    qn = {q: i for i, q in enumerate(ctx.tree.queues)}
+    per_node: dict = {}
+    per_node_q: dict = {}
+    cols, milli, queue, cost, gpus, prio = [], [], [], [], [], []
+    for v in ctx.preemptible_running():
+        a = ctx.amounts[v.id][0]
+        k = lost_gpu_seconds(v, ctx.now_t, a)
+        for n, m in ctx.victim_nodes(v):
+            per_node.setdefault(n, []).append((v, m))
+            per_node_q.setdefault(n, []).append((qn[v.queue], v.id))
+            cols.append(n)
+            milli.append(m)
+            queue.append(qn[v.queue])
+            cost.append(k)
+            gpus.append(a)
+            prio.append(v.priority)
+    milli_a, cols_a = np.array(milli, dtype=np.int64), np.array(cols, dtype=np.int64)
+    order = np.lexsort((-milli_a, cols_a))
+    return {"per_node": list(per_node.items()), "per_node_q": list(per_node_q.items()),
+            "cols": cols_a[order].tolist(), "milli": milli_a[order].tolist(),
+            "queue": np.array(queue, dtype=np.int64)[order].tolist(), "cost": np.array(cost)[order].tolist(),
+            "gpus": np.array(gpus)[order].tolist(), "prio": np.array(prio, dtype=float)[order].tolist()}
+
+
+@_settings(100)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 3), st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+                          st.integers(0, 2), st.booleans(), st.sampled_from([None, 0.0, 30.0, 90.0]),
+                          st.sampled_from([None, 10.0, 60.0]), st.booleans()), max_size=25),
+       st.randoms(use_true_random=False))
+def test_the_victim_index_built_at_once_is_the_one_built_victim_by_victim(specs, rnd):
+    """The index reads every victim's facts in one pass and works out the rest for all at once;
+    its per-node lists (in the victims' order, nodes as they first come), its sorted entries and
+    their facts are what a loop over the victims one by one makes (victims of one or more pods,
+    across nodes, on unknown nodes, young and evicted ones left out)."""
+    from gpupool.scheduler.core import Scheduler
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot
+
+    nodes = [NodeSpec(f"n{i}", gpus=4, gpu_memory=80 * 2**30, cpu=64, memory=512 * 2**30) for i in range(4)]
+    queues = [QueueSpec("a", deserved={"gpu": 8}), QueueSpec("b", deserved={"gpu": 8}),
+              QueueSpec("a1", parent="a", deserved={"gpu": 4})]
+    ws = []
+    for i, (node, pods, gpus, q, signal, started, last, elsewhere) in enumerate(specs):
+        placements = tuple(PodPlacement(p, f"n{(node + p) % 6}" if not elsewhere else "gone",
+                                        (rnd.randrange(4),), min(gpus, 1.0)) for p in range(pods))
+        ws.append(Workload(f"v{rnd.randrange(10**6):06d}-{i}", ["a1", "b", "a1"][q], gpus=gpus, pods=pods,
+                           priority=q, phase=Phase.RUNNING, placements=placements, checkpoint_on_signal=signal,
+                           started_at=started, last_checkpoint_at=last))
+    ctx = Scheduler(SchedulerConfig(min_runtime=45.0)).start(Snapshot(100.0, nodes, queues, ws))
+    running = ctx.preemptible_running()
+    if running:
+        ctx.evicted.add(running[rnd.randrange(len(running))].id)
+    want = _index_one_by_one(ctx)
+    idx = plan._VictimIndex(ctx)
+    gpus, prio = idx.facts()
+    got = {"per_node": list(idx.per_node.items()), "per_node_q": list(idx.per_node_q.items()),
+           "cols": idx.nodes.repeat([hi - lo for lo, hi in idx.bounds]).tolist() if idx.bounds else [],
+           "milli": idx.milli.tolist(), "queue": idx.queue.tolist(), "cost": idx.cost.tolist(),
+           "gpus": gpus.tolist(), "prio": prio.tolist()}
+    assert got == want
+    for v in running:
+        assert ctx._vcost[v.id] == want_cost(v, ctx) if v.id not in ctx.evicted else True
+
+
+def want_cost(v, ctx) -> float:
+    from gpupool.scheduler.victims import lost_gpu_seconds
+
+    return lost_gpu_seconds(v, ctx.now_t, ctx.amounts[v.id][0])
