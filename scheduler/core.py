@@ -51,13 +51,16 @@ class Scheduler:
         # the pending workloads as the last snapshot had them, kept while snapshots say what
         # changed (``Snapshot.changes``; waiting.py); None: none kept
         self._waiting: WaitingBook | None = None
+        # the same per node pool (pools.py): pool -> (its book, the ids its snapshot held)
+        self._pool_books: dict[str, tuple[WaitingBook, set[str]]] = {}
         self.book_mismatches = 0  # cycles whose kept book the snapshot's changes left wrong (made afresh)
         self.timer = timer
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
         kept, self._waiting = self._waiting, None  # (kept again only once this cycle is through)
+        pool_books, self._pool_books = self._pool_books, {}
         if is_pooled(snapshot):
-            return PooledCycle(snapshot, self).run()
+            return PooledCycle(snapshot, self, pool_books).run()  # (it keeps them again once through)
         if any(q.pools for q in snapshot.queues):  # one pool, `default`: its quota may be in `pools`
             snapshot = dataclasses.replace(snapshot, queues=[q.in_pool(DEFAULT_POOL) for q in snapshot.queues])
         keep = snapshot.changes is not None

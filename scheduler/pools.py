@@ -34,6 +34,7 @@ from .reasons import IN_MOTION, Code, Pending
 Vec = tuple[float, float, float]
 _REQUEST = operator.attrgetter("queue", "pods", "gpus", "gpu_memory", "cpu", "memory")
 _POOLS = operator.attrgetter("pools")
+_ID = operator.attrgetter("id")
 
 
 def pool_names(snap: Snapshot) -> list[str]:
@@ -65,9 +66,10 @@ class PooledCycle:
     ``scheduler`` is the ``core.Scheduler`` whose ``start``/``act``/``finish`` run the plain
     cycle on each pool: one working context per pool, kept across the rounds."""
 
-    def __init__(self, snap: Snapshot, scheduler):
+    def __init__(self, snap: Snapshot, scheduler, books: dict | None = None):
         self.snap = snap
         self.scheduler = scheduler
+        self.books = books or {}  # pool -> (its kept book, the ids its snapshot held): ``run``
         self.pools = pool_names(snap)
         self.nodes = {p: [n for n in snap.nodes if n.pool == p] for p in self.pools}
         self.node_pool = {n.name: n.pool for n in snap.nodes}
@@ -172,29 +174,44 @@ class PooledCycle:
         # one context per pool: its held workloads and every pending workload it may try this
         # cycle (they count as its demand); those that only may use it count as extra demand
         mine: dict[str, list[Workload]] = {p: [] for p in self.pools}
-        only_may: dict[str, list[Workload]] = {p: [] for p in self.pools}
+        only_may: dict[str, list[tuple]] = {p: [] for p in self.pools}  # their requests (``_REQUEST``)
         for w in pending:
             t = tries.get(w.id)
             if t is None:
                 continue
             for p in t:
                 mine[p].append(w)
-            if len(may[w.id]) > len(t):
-                for p in may[w.id]:
+            m = may[w.id]
+            if len(m) > len(t):
+                rk = _REQUEST(w)  # (read once, not once per pool: most may use several)
+                for p in m:
                     if p not in t:
-                        only_may[p].append(w)
+                        only_may[p].append(rk)
         ctxs = {}
+        # each pool's pending workloads kept from one cycle to the next as the plain cycle keeps
+        # them (waiting.py, held.py), while snapshots name what changed: a pool's snapshot
+        # names those and the workloads that came into it or left it
+        keep = snap.changes is not None
+        books, members = self.books if keep else {}, {}
         for p in self.pools:
             extra: dict[str, list[float]] = {}
-            for (q, pods, gpus, gpu_memory, cpu, memory), k in Counter(map(_REQUEST, only_may[p])).items():
+            for (q, pods, gpus, gpu_memory, cpu, memory), k in Counter(only_may[p]).items():
                 a = _amount(Workload("", q, gpus=gpus, gpu_memory=gpu_memory, cpu=cpu, memory=memory, pods=pods),
                             self.max_mem[p])
                 e = extra.setdefault(q, [0.0, 0.0, 0.0])
                 e[0] += k * a[0]
                 e[1] += k * a[1]
                 e[2] += k * a[2]
-            sub = Snapshot(snap.now, self.nodes[p], self.queues[p], [*held[p], *mine[p]], reservations[p])
-            ctxs[p] = sched.start(sub, snap.usage.get(p), {q: tuple(v) for q, v in extra.items()}, pool=p)
+            ws = [*held[p], *mine[p]]
+            waiting, changes = None, None
+            if keep:  # this pool's book from the last cycle, if any: what changed here is named
+                ids = members[p] = set(map(_ID, ws))
+                book, before = books.get(p, (None, None))
+                if book is not None:
+                    waiting, changes = book, snap.changes | (ids ^ before)  # (in or out of this pool)
+            sub = Snapshot(snap.now, self.nodes[p], self.queues[p], ws, reservations[p], changes=changes)
+            ctxs[p] = sched.start(sub, snap.usage.get(p), {q: tuple(v) for q, v in extra.items()}, pool=p,
+                                  waiting=waiting, keep=keep)
         # each pool's candidates per round, in its context's order (read before a round narrows
         # ctx.pending)
         rounds: dict[str, tuple[list[Workload], list[Workload]]] = {}
@@ -230,6 +247,9 @@ class PooledCycle:
         for p in self.pools:
             res = sched.finish(ctxs[p])
             self._merge(p, res, result)
+        if keep:
+            sched._pool_books = {p: (ctxs[p].waiting, members[p]) for p in self.pools}
+            sched.book_mismatches += sum(ctxs[p].book_mismatch for p in self.pools)
         for wid, why in first.items():
             if wid not in settled:
                 result.pending[wid] = why
@@ -267,11 +287,13 @@ class PooledCycle:
     def _no_quota(self, prefs: dict[str, list[str]], result: CycleResult) -> None:
         """A workload that waits in every pool it may use because its queue may hold nothing of
         its kind there (a limit of 0, or no deserved quota for non-preemptible work) is told so."""
+        specs = None
         for wid, why in list(result.pending.items()):
             if why.code not in (Code.LIMIT, Code.NON_PREEMPTIBLE) or wid not in prefs:
                 continue
             d = why.detail
-            specs = {q.name: q for q in self.snap.queues}
+            if specs is None:
+                specs = {q.name: q for q in self.snap.queues}
             pools = prefs[wid]
             if why.code is Code.NON_PREEMPTIBLE:
                 spec = specs.get(why.queue)

@@ -152,7 +152,7 @@ def _snap(workloads, changes=None, queues=NAMES, gpu_memory=40 << 30) -> Snapsho
 
 def test_the_scheduler_drops_its_book_when_it_cannot_be_kept():
     """Kept only while every snapshot names its changes and the queues and the largest GPU stay
-    the same (amounts depend on them); a pooled cycle keeps none either."""
+    the same (amounts depend on them); a pooled cycle keeps its own, one per pool."""
     s = Scheduler()
     w = [Workload("x", "a", gpus=1), Workload("y", "b", gpu_memory=10 << 30)]
     s.schedule(_snap(w, frozenset({"x", "y"})))
@@ -172,7 +172,31 @@ def test_the_scheduler_drops_its_book_when_it_cannot_be_kept():
     assert s._waiting is not book
     pooled = dataclasses.replace(_snap(w, frozenset()), nodes=[NodeSpec("n", gpus=2, pool="p1")])
     s.schedule(pooled)
-    assert s._waiting is None
+    assert s._waiting is None and set(s._pool_books) == {"p1"}
+    s.schedule(_snap(w, frozenset()))  # not pooled: the pools' books go
+    assert s._pool_books == {}
+
+
+def test_a_pooled_cycle_keeps_each_pools_book_and_names_what_moved_between_pools():
+    """Each pool's book is brought up to date in place while snapshots name their changes; a
+    workload whose pools of this cycle change (it is tried elsewhere) is named to the pools it
+    comes into or leaves, so every pool's book holds what its snapshot holds."""
+    nodes = [NodeSpec("n1", gpus=1, pool="p1"), NodeSpec("n2", gpus=1, pool="p2")]
+    s = Scheduler()
+    x = Workload("x", "a", gpus=1, pools=("p1",))
+    y = Workload("y", "a", gpus=1, pools=("p2",))
+    z = Workload("z", "b", gpus=1, pools=("p1",))
+    s.schedule(dataclasses.replace(_snap([x, y, z], frozenset({"x", "y", "z"})), nodes=nodes))
+    books = {p: b for p, (b, _) in s._pool_books.items()}
+    assert set(books) == {"p1", "p2"}
+    z2 = dataclasses.replace(z, pools=("p2",))  # z now asks for the other pool
+    result = s.schedule(dataclasses.replace(_snap([x, y, z2], frozenset({"z"})), nodes=nodes))
+    assert all(s._pool_books[p][0] is books[p] for p in books)  # kept, not made afresh
+    assert s.book_mismatches == 0
+    for p, (book, ids) in s._pool_books.items():
+        assert set(book.ws) <= ids and ("z" in ids) == (p == "p2")
+    fresh = Scheduler().schedule(dataclasses.replace(_snap([x, y, z2], None), nodes=nodes))
+    assert result.pending == fresh.pending and result.binds == fresh.binds
 
 
 def test_a_change_left_unnamed_is_caught_by_the_pending_count():
