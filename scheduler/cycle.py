@@ -86,6 +86,7 @@ class Statement:
         if r.workload not in self.ctx.reservations:
             self.ctx._note_starting(r.workload, +1)
         self.ctx.reservations[r.workload] = r
+        self.ctx.reservations_in_order = False
         self.ops.append(("reserve", r, None))
 
     def rollback(self, to: int = 0) -> None:
@@ -388,6 +389,9 @@ class Cycle:
         self.limited = {q: any(self.tree.queues[x].limit for x in self.tree.path(q)) for q in names}
         # reservations: those carried in and still valid, plus those made this cycle
         self.reservations: dict[str, Reservation] = {}
+        # are ``reservations`` in the order ``SINCE`` sorts them (as intake takes them in), with
+        # none made by this cycle's plans yet?
+        self.reservations_in_order = True
         # queue -> priority -> how many of its waiting preemptible workloads start: hold a
         # reservation, or were bound this cycle (see runs_lower_priority)
         self._starting_prios: dict[str, dict[int, int]] = {}

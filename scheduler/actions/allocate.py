@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import cycle
 from ..cluster import FreeRows, fits_placements
-from ..cycle import Candidate, Cycle, Statement, fits_on, queue_order
+from ..cycle import SINCE, Candidate, Cycle, Statement, fits_on, queue_order
 from ..fairshare import EPS
 from ..model import MILLI, Phase, Workload
 from ..reasons import Code
@@ -26,7 +26,6 @@ from ..waiting import by_queue, facts_of
 
 
 _ID = operator.attrgetter("id")
-_SINCE_HOLDER = operator.attrgetter("since", "workload")
 
 
 def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidate]:
@@ -97,7 +96,8 @@ def _bind_holders(ctx: Cycle) -> None:
     rows = FreeRows(now)  # the probes read the now view as lists (kept in step through its log)
     todo = []
     by_id = ctx.by_id
-    for r in sorted(ctx.reservations.values(), key=_SINCE_HOLDER):  # (a reservation is its holder's)
+    held = ctx.reservations.values()  # (a copy: binding takes a holder's reservation out)
+    for r in (list(held) if ctx.reservations_in_order else sorted(held, key=SINCE)):  # (one per holder)
         w = by_id[r.workload]
         if w.phase is Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
             todo.append((w, r, ctx.candidate(w)))
