@@ -8,14 +8,11 @@ has the least invested), then by id for determinism.
 """
 from __future__ import annotations
 
-import operator
 from typing import Sequence
 
 import numpy as np
 
 from .model import Workload
-
-_LOST_FIELDS = operator.attrgetter("checkpoint_on_signal", "started_at", "last_checkpoint_at")
 
 
 def lost_gpu_seconds(w: Workload, now: float, gpus: float) -> float:
@@ -25,9 +22,8 @@ def lost_gpu_seconds(w: Workload, now: float, gpus: float) -> float:
 def lost_gpu_seconds_all(now: float, gpus: np.ndarray, signal: Sequence[bool], started: Sequence[float | None],
                          last: Sequence[float | None]) -> np.ndarray:
     """``lost_gpu_seconds`` of many workloads at once, from their GPUs and the fields
-    ``Workload.lost_work`` reads (``checkpoint_on_signal``, ``started_at``, ``last_checkpoint_at``;
-    ``_LOST_FIELDS``), in order: the same arithmetic on the same doubles, so the same values, bit
-    for bit."""
+    ``Workload.lost_work`` reads (``checkpoint_on_signal``, ``started_at``, ``last_checkpoint_at``),
+    in order: the same arithmetic on the same doubles, so the same values, bit for bit."""
     started_a = np.array(started, dtype=float)  # (None: nan)
     last_a = np.array(last, dtype=float)
     since = np.where(last_a > started_a, last_a, started_a)  # (a comparison with nan is false)
