@@ -34,6 +34,19 @@ def allocate(ctx: Cycle, failed: list[Candidate] | None = None) -> list[Candidat
         # (the lists are only read; ``_leave_out`` copies those it cuts)
         queues, facts = dict(book.lists), dict(book.facts)
         ctx.result.positions = ctx._positions = book.positions.copy()
+    elif book.lists is not None:  # some of a kept book's workloads (a round of a node pool's cycle)
+        # each queue's of them in the book's order, found by the ids its order keys end with
+        # (``order_key``: the workloads are not read again), with their places among them
+        want = set(map(_ID, ctx.pending))
+        queues, facts = {}, {}
+        positions = ctx.result.positions
+        for q, keys in book.keys.items():
+            at = [i for i, k in enumerate(keys) if k[2] in want]
+            if at:
+                lst, fl = book.lists[q], book.facts[q]
+                queues[q] = [lst[i] for i in at]
+                facts[q] = [fl[i] for i in at]
+                positions.update(zip([keys[i][2] for i in at], range(1, len(at) + 1)))
     else:
         queues = by_queue(ctx.pending)
         by_request = book.by_request  # (ctx.pending: the book's workloads, or some of them)
