@@ -533,33 +533,14 @@ class _VictimIndex:
         else:
             cols_a = milli_a = np.zeros(0, dtype=np.int64)
         queue_v = np.array(list(map(qn.__getitem__, queues)), dtype=np.int64)
-        prio_v = np.array(prios, dtype=float)
-        # each node's victims (and beside them, their queue numbers and ids: a walk filters a
-        # node's victims by these without reading the workloads), in the victims' order, the
-        # nodes in the order they first come
-        by_node = np.argsort(cols_a, kind="stable")
-        of_l = of.tolist()
-        pairs = list(zip(map(victims.__getitem__, of_l), milli_a.tolist()))
-        pairs_q = list(zip(queue_v[of].tolist(), map(vids.__getitem__, of_l)))
-        nodes_s = cols_a[by_node]
-        firsts = np.flatnonzero(np.concatenate(([True], nodes_s[1:] != nodes_s[:-1]))) if entries else by_node
-        cuts = list(zip(firsts.tolist(), firsts[1:].tolist() + [len(flat)]))
-        at = by_node.tolist()
-        pairs = list(map(pairs.__getitem__, at))
-        pairs_q = list(map(pairs_q.__getitem__, at))
-        appear = np.argsort(by_node[firsts], kind="stable").tolist()  # (by first entry)
-        node_l = nodes_s[firsts].tolist()
-        self.per_node: dict[int, list[tuple[Workload, int]]] = {
-            node_l[r]: pairs[cuts[r][0]:cuts[r][1]] for r in appear}
-        self.per_node_q: dict[int, list[tuple[int, str]]] = {
-            node_l[r]: pairs_q[cuts[r][0]:cuts[r][1]] for r in appear}
-        self._gpus, self._prio = gpus_v[of], prio_v[of]  # (``facts``)
+        queue_e = queue_v[of]  # per entry, its victim's queue number
+        self._gpus, self._prio = gpus_v[of], np.array(prios, dtype=float)[of]  # (``facts``)
         # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed);
         # the sort is stable: a node's entries of one share keep the victims' order
         order = self._order = np.lexsort((-milli_a, cols_a))
         cols = cols_a[order]
         self.milli = milli_a[order]
-        self.queue = queue_v[of][order]
+        self.queue = queue_e[order]
         self.cost = cost_v[of][order]
         if entries:
             first = np.ones(len(cols), dtype=bool)
@@ -569,11 +550,25 @@ class _VictimIndex:
             self.starts = np.zeros(0, dtype=np.int64)
         self.nodes = cols[self.starts]
         self.run_of = np.cumsum(first) - 1 if entries else np.zeros(0, dtype=np.int64)  # entry -> its run
+        self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
+        # each node's victims (and beside them, their queue numbers and ids: a walk filters a
+        # node's victims by these without reading the workloads), in the victims' order (the
+        # runs above, by node, with the entries taken in their order before the sort); the
+        # nodes in the order they first come
+        by_node = np.argsort(cols_a, kind="stable")
+        at = of[by_node].tolist()
+        pairs = list(zip(map(victims.__getitem__, at), milli_a[by_node].tolist()))
+        pairs_q = list(zip(queue_e[by_node].tolist(), map(vids.__getitem__, at)))
+        node_l, bounds = self.nodes.tolist(), self.bounds
+        appear = np.argsort(by_node[self.starts], kind="stable").tolist()  # (by first entry)
+        self.per_node: dict[int, list[tuple[Workload, int]]] = {
+            node_l[r]: pairs[bounds[r][0]:bounds[r][1]] for r in appear}
+        self.per_node_q: dict[int, list[tuple[int, str]]] = {
+            node_l[r]: pairs_q[bounds[r][0]:bounds[r][1]] for r in appear}
         self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
         self.queue_l = self.queue.tolist()
         self.milli_l = self.milli.tolist()
         self.cost_l = self.cost.tolist()
-        self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
         self._facts: tuple | None = None
         self._sorted_at: np.ndarray | None = None  # entry before the sort -> its place after
         self._dead: np.ndarray | None = None  # see ``evicted_entries``

@@ -192,7 +192,8 @@ class PooledCycle:
         # them (waiting.py, held.py), while snapshots name what changed: a pool's snapshot
         # names those and the workloads that came into it or left it
         keep = snap.changes is not None
-        books, members = self.books if keep else {}, {}
+        books = self.books if keep else {}
+        members: dict[str, set[str]] = {}
         for p in self.pools:
             extra: dict[str, list[float]] = {}
             for (q, pods, gpus, gpu_memory, cpu, memory), k in Counter(only_may[p]).items():
