@@ -314,6 +314,7 @@ def test_the_demo_welcome_notebook_runs_as_written(hub, tmp_path):
                 os.environ[k] = v
     text = "".join(o.get("text", "") for c in out.cells for o in c.get("outputs", []))
     assert "vision" in text and "you may submit: True" in text
+    assert "vision     deserved 2 GPUs" in text  # (summed over its node pools: here the one, default)
     job_id = next(w for w in text.split() if w.startswith("j-"))
     job = api.Client(hub.hub_url, token).job(job_id)
     assert job["name"] == "train" and job["parameters"] == {"steps": 60}

@@ -7,8 +7,12 @@ queues` and the dashboard (Chromium) show the share without past usage beside it
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +80,10 @@ def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_po
         assert vision["pools"]["train"]["fair_share_plain"] is None
         res = run("queues", env=env)  # nothing of fairness over time: no USAGE, no WITHOUT-USAGE column
         assert res.returncode == 0 and "FAIR-SHARE" in res.stdout and "USAGE" not in res.stdout, res.stdout
+        # the welcome notebook's cell that lists the queues, as written: vision's quota is per pool
+        out = subprocess.run([sys.executable, "-c", _demo_cell("for q in gpupool.queues():")], env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "vision     deserved 3 GPUs, using 5" in out.stdout, out.stdout + out.stderr
         # everything ends: the waiting job runs once the others finish
         done = [hub.wait_job(alice, j["id"], {"succeeded"}, timeout=90) for j in (j1, j2, j3, j4)]
         assert done[3]["workers"][0]["node"] == "big"  # where it ran: its pool, train
@@ -100,6 +108,12 @@ def test_two_pools_with_quotas_through_the_spawner_and_jobs_and_the_report_by_po
         assert got["build"] > expect["build"]  # the build pool also held alice's workspace
         assert doc["total"]["allocated_gpu_hours"] == pytest.approx(got["build"] + got["train"], abs=1e-5)
         assert f"{got['train']:.2f}" == lines["train"][0] and f"{got['build']:.2f}" == lines["build"][0]
+
+
+def _demo_cell(marker: str) -> str:
+    """The source of the cell of examples/demo.ipynb that contains ``marker``."""
+    nb = json.loads((Path(__file__).resolve().parents[2] / "examples" / "demo.ipynb").read_text())
+    return next("".join(c["source"]) for c in nb["cells"] if marker in "".join(c["source"]))
 
 
 FAIR_NODES = [{"name": "t", "gpus": 4}]
