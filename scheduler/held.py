@@ -58,6 +58,10 @@ class HeldBook:
         # ``Cycle.victim_nodes``'s cache, kept too: workload id -> (node, GPU milli) per node it
         # runs on, valid for this node list while the workload is not named as changed
         self.nodes_of: dict[str, list[tuple[int, int]]] = {}
+        # the victim index's facts kept for the planner (``plan._VictimBook``; None: none yet),
+        # and the workloads named as changed since it was last brought up to date
+        self.victims = None
+        self.changed: set[str] = set()
 
     def fits(self, nodes: list[NodeSpec], width: int) -> bool:
         """Was it made for this node list (the same objects, in order)?"""
@@ -76,6 +80,9 @@ class HeldBook:
     def forget(self, ids: Iterable[str]) -> None:
         """Drop these workloads (changed or gone); their takes are taken off."""
         facts, nodes_of = self.facts, self.nodes_of
+        if self.victims is not None:
+            ids = list(ids)
+            self.changed.update(ids)
         for wid in ids:
             f = facts.pop(wid, None)
             if f is not None:
@@ -86,6 +93,7 @@ class HeldBook:
         """Drop every workload but ``ids`` (after a change the snapshot did not name)."""
         self.forget([wid for wid in self.facts if wid not in ids])
         self.nodes_of.clear()  # (what else went unnamed is not known)
+        self.victims, self.changed = None, set()
 
     def settle(self) -> None:
         """Apply the takes noted or forgotten since the last call to the sums."""

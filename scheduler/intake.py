@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .fairshare import EPS
 from .model import MILLI, Phase, Reservation, Workload
 from .reasons import Code
 
@@ -72,17 +73,19 @@ class _Entries:
                 cpu, mem = int(round(w.cpu * MILLI)), w.memory
                 for p in r.placements:
                     n = index.get(p.node)
-                    if n is None or not sched[n] or any(g >= ngpus[n] for g in p.gpus):
+                    gpus = p.gpus
+                    if n is None or not sched[n] or (gpus and max(gpus) >= ngpus[n]):
                         alone = True  # gone, or no such GPU: the one-by-one path says which
                         break
                     p_res.append(j)
                     p_node.append(n)
                     p_cpu.append(cpu)
                     p_mem.append(mem)
-                    for g in p.gpus:
+                    base, milli = n * width, p.milli
+                    for g in gpus:
                         g_res.append(j)
-                        g_key.append(n * width + g)
-                        g_milli.append(p.milli)
+                        g_key.append(base + g)
+                        g_milli.append(milli)
                 if alone:
                     del g_res[self.g_start[j]:], g_key[self.g_start[j]:], g_milli[self.g_start[j]:]
                     del p_res[self.p_start[j]:], p_node[self.p_start[j]:]
@@ -133,16 +136,28 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
     bad[e.p_res[p0:p1][short] - i] = True
     stop = i + int(np.argmax(bad)) if bad.any() else end
     # is each reclaimer still entitled, with the claims of the earlier ones?
+    # (``Cycle._unentitled`` inline, with each queue's numbers read once: the same arithmetic)
     reserved: dict[str, float] = {}
-    tree, amounts = ctx.tree, ctx.amounts
+    amounts, base, path_of = ctx.amounts, ctx.reserved, ctx.tree.path
+    numbers: dict[str, tuple] = {}  # queue -> (its path, GPUs it holds and keeps, fair share)
+    reclaiming, pending = Code.RECLAIMING, Phase.PENDING
     for j in range(i, stop):
         r, w = todo[j]
+        q = w.queue
         amt = amounts[w.id][0]
-        if r.code == Code.RECLAIMING and w.phase is Phase.PENDING and ctx._unentitled(w, reserved.get(w.queue)):
-            stop = j
-            break
-        for x in tree.path(w.queue):  # as ``_claim`` will add it, in the same order
-            reserved[x] = reserved.get(x, ctx.reserved[x]) + amt
+        nq = numbers.get(q)
+        if nq is None:
+            a, rel = ctx.alloc[q], ctx.releasing[q]
+            nq = numbers[q] = (path_of(q), a[0] + -1 * rel[0], ctx.fair[q].get("gpu", 0.0))
+        if r.code == reclaiming and w.phase is pending:
+            mine = reserved.get(q)
+            held = ctx.held(q) if mine is None else nq[1] + mine
+            fair = nq[2]
+            if held >= fair - EPS and held + amt > fair + EPS:
+                stop = j
+                break
+        for x in nq[0]:  # as ``_claim`` will add it, in the same order
+            reserved[x] = reserved.get(x, base[x]) + amt
     if stop == i:
         return i
     # take them: the future view, the claims, the holds in the now view
@@ -169,6 +184,8 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
         ctx_reserved[x] = v
     queues: set[str] = set()
     holds_of, reservations = ctx.holds, ctx.reservations
+    # (``Cycle._note_starting(wid, +1)`` inline: each holder is the snapshot's workload of its id)
+    starting, starting_prios, lowest = ctx._starting, ctx._starting_prios, ctx._lowest
     g, p = 0, 0
     for j in range(i, stop):
         r, w = todo[j]
@@ -182,7 +199,11 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
             p += 1
         holds_of[wid] = holds
         reservations[wid] = r
-        ctx._note_starting(wid, +1)
+        if w.phase is pending and w.preemptible and wid not in starting:
+            starting.add(wid)
+            lowest.pop(q, None)
+            prios = starting_prios.setdefault(q, {})
+            prios[w.priority] = prios.get(w.priority, 0) + 1
     for q in queues:
         ctx._changing(q)
     ctx._held_all = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from itertools import chain
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -499,49 +498,187 @@ def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budge
     return None if found is None else (found[1], None)
 
 
+class _VictimBook:
+    """The victim index's facts, kept from one cycle to the next beside the held book
+    (``HeldBook.victims``) while its node list and the queues stay: one slot per victim (its id,
+    workload, queue number, priority, GPUs, the fields lost work reads, its nodes) and one entry
+    per (victim, node) in arrays, unsorted. A build takes out the victims that are gone or named
+    as changed (``HeldBook.changed``) and reads only the ones that came in: what a fresh build
+    read of all 10,000 victims of a large cycle, each lying elsewhere in memory, was most of its
+    cost. The order of a node's victims and of equal entries is not kept (nothing the index
+    answers depends on it: ``_VictimIndex``)."""
+
+    def __init__(self, queues: tuple[str, ...]):
+        self.queues = queues  # the queue numbers' names, in order
+        self.slot_of: dict[str, int] = {}  # victim id -> its slot
+        self.free: list[int] = []  # slots given back
+        self.vid: list[str | None] = []
+        self.node_lists: list[list[tuple[int, int]]] = []  # slot -> its (node, GPU milli)
+        cap = 0
+        self.queue_s = np.zeros(cap, dtype=np.int64)
+        self.prio_s = np.zeros(cap)
+        self.gpus_s = np.zeros(cap)
+        self.signal_s = np.zeros(cap, dtype=bool)
+        self.started_s = np.zeros(cap)  # (None: nan)
+        self.last_s = np.zeros(cap)
+        self.live_s = np.zeros(cap, dtype=bool)
+        self.e_slot = np.zeros(0, dtype=np.int64)  # per entry: its slot, node, GPU milli
+        self.e_col = np.zeros(0, dtype=np.int64)
+        self.e_milli = np.zeros(0, dtype=np.int64)
+        self.per_node: dict[int, list[tuple[Workload, int]]] = {}
+        self.per_node_q: dict[int, list[tuple[int, str]]] = {}
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.live_s)
+        if need <= cap:
+            return
+        new = max(need, 2 * cap, 64)
+        for name in ("queue_s", "prio_s", "gpus_s", "signal_s", "started_s", "last_s", "live_s"):
+            old = getattr(self, name)
+            arr = np.zeros(new, dtype=old.dtype)
+            arr[:cap] = old
+            setattr(self, name, arr)
+
+    def update(self, ctx: Cycle, victims: list[Workload], changed: set[str]) -> None:
+        """Bring the book to ``victims`` (the cycle's, by id): out go the victims that are not
+        among them or were named as changed, in come the others."""
+        slot_of = self.slot_of
+        if not slot_of:  # (a new book: every victim comes in, in the cycle's order)
+            self._add(ctx, victims)
+            return
+        now = set(map(_ID, victims))
+        gone = slot_of.keys() - now
+        if changed:
+            gone |= changed & slot_of.keys()
+        touched: set[int] = set()
+        if gone:
+            dead = np.zeros(len(self.live_s), dtype=bool)
+            for vid in gone:
+                k = slot_of.pop(vid)
+                dead[k] = True
+                self.live_s[k] = False
+                self.vid[k] = None
+                self.free.append(k)
+                touched.update(n for n, _ in self.node_lists[k])
+                self.node_lists[k] = []
+            keep = ~dead[self.e_slot]
+            self.e_slot, self.e_col, self.e_milli = self.e_slot[keep], self.e_col[keep], self.e_milli[keep]
+            per_node, per_node_q = self.per_node, self.per_node_q
+            for n in touched:  # (a node's lists filtered as one)
+                pairs = [(e, eq) for e, eq in zip(per_node[n], per_node_q[n]) if eq[1] not in gone]
+                if pairs:
+                    per_node[n] = [e for e, _ in pairs]
+                    per_node_q[n] = [eq for _, eq in pairs]
+                else:
+                    del per_node[n], per_node_q[n]
+        came = sorted(now - slot_of.keys())
+        if came:
+            self._add(ctx, list(map(ctx.by_id.__getitem__, came)))
+
+    def _add(self, ctx: Cycle, new: list[Workload]) -> None:
+        """Take in these victims (none of them in the book)."""
+        if not new:
+            return
+        slot_of, qn = self.slot_of, {q: i for i, q in enumerate(self.queues)}
+        self._grow(len(slot_of) + len(new))
+        vids, queues, prios, signal, started, last = zip(*map(_VICTIM, new))
+        slots = []
+        for vid in vids:
+            k = self.free.pop() if self.free else len(self.vid)
+            if k == len(self.vid):
+                self.vid.append(vid)
+                self.node_lists.append([])
+            else:
+                self.vid[k] = vid
+            slot_of[vid] = k
+            slots.append(k)
+        at = np.array(slots, dtype=np.int64)
+        qs = list(map(qn.__getitem__, queues))
+        self.queue_s[at] = qs
+        self.prio_s[at] = prios
+        self.gpus_s[at] = list(map(_FIRST, map(ctx.amounts.__getitem__, vids)))
+        self.signal_s[at] = signal
+        self.started_s[at] = np.array(started, dtype=float)
+        self.last_s[at] = np.array(last, dtype=float)
+        self.live_s[at] = True
+        victim_nodes = ctx.victim_nodes
+        e_slot, e_col, e_milli = [], [], []
+        per_node, per_node_q = self.per_node, self.per_node_q
+        for v, k, qi, vid in zip(new, slots, qs, vids):
+            on = victim_nodes(v)
+            self.node_lists[k] = on
+            for n, m in on:
+                e_slot.append(k)
+                e_col.append(n)
+                e_milli.append(m)
+                lst = per_node.get(n)
+                if lst is None:
+                    per_node[n], per_node_q[n] = [(v, m)], [(qi, vid)]
+                else:
+                    lst.append((v, m))
+                    per_node_q[n].append((qi, vid))
+        if e_slot:
+            i64 = np.int64
+            self.e_slot = np.concatenate((self.e_slot, np.array(e_slot, dtype=i64)))
+            self.e_col = np.concatenate((self.e_col, np.array(e_col, dtype=i64)))
+            self.e_milli = np.concatenate((self.e_milli, np.array(e_milli, dtype=i64)))
+
+
+_ID = operator.attrgetter("id")
+
+
+def _victim_book(ctx: Cycle) -> _VictimBook:
+    """The cycle's victim book: the one kept with its held book, brought up to date, or a new one."""
+    queues = tuple(ctx.tree.queues)
+    hb = ctx.waiting.held if ctx.waiting is not None else None
+    book = hb.victims if hb is not None else None
+    if book is None or book.queues != queues:
+        book = _VictimBook(queues)
+        if hb is not None:
+            hb.victims = book
+            hb.changed.clear()
+        changed: set[str] = set()
+    else:
+        changed = hb.changed
+    book.update(ctx, ctx.preemptible_running(), changed)
+    if hb is not None:
+        hb.changed = set()
+    return book
+
+
 class _VictimIndex:
-    """Preemptible running workloads by node, built once per cycle (victims evicted since are
-    filtered where they are used: the sums only over-estimate). Besides ``per_node``, one entry
-    per (victim, node) in flat arrays sorted by node, so that a plan over a set of queues costs
-    O(entries) rather than O(queues x nodes): ``starts`` opens each of ``nodes``' runs."""
+    """Preemptible running workloads by node, as the cycle first asks for them (victims evicted
+    since are filtered where they are used: the sums only over-estimate). Besides ``per_node``,
+    one entry per (victim, node) in flat arrays sorted by node, so that a plan over a set of
+    queues costs O(entries) rather than O(queues x nodes): ``starts`` opens each of ``nodes``'
+    runs. Made from the victim book (``_VictimBook``), kept across cycles.
+
+    Nothing it answers depends on the order of a node's victims or of its entries of one size:
+    the sums are of integers, the bounds are minima and maxima, a search ranks victims by their
+    keys (``_Pool``), ``_Refusals`` judges a node's victims as a set, and ``never_closer`` sums
+    their GPUs exactly (``math.fsum``)."""
 
     def __init__(self, ctx: Cycle):
-        self.qn = qn = {q: i for i, q in enumerate(ctx.tree.queues)}
-        # every victim's facts read in C and worked out for all at once (what a loop over 20,000
-        # victims did one by one); the caches of ``ctx.victim_cost`` and ``victim_nodes`` filled
-        victims = ctx.preemptible_running()
-        nv = len(victims)
-        # (one read of each victim: they lie all over memory)
-        vids, queues, prios, signal, started, last = zip(*map(_VICTIM, victims)) if nv else ((),) * 6
-        gpus_v = np.array(list(map(_FIRST, map(ctx.amounts.__getitem__, vids))), dtype=float)
-        cost_v = lost_gpu_seconds_all(ctx.now_t, gpus_v, signal, started, last)
-        ctx._vcost.update(zip(vids, cost_v.tolist()))
-        vnodes = ctx._vnodes
-        ons = list(map(vnodes.get, vids))
-        if None in ons:
-            victim_nodes = ctx.victim_nodes
-            ons = [victim_nodes(v) if on is None else on for v, on in zip(victims, ons)]
-        lens = np.array(list(map(len, ons)), dtype=np.int64)
-        ends = np.cumsum(lens)
-        self._vids, self._ends = vids, ends  # (``entries``: each victim's entries, before the sort)
-        self._span: dict[str, tuple[int, int]] | None = None
-        flat = list(chain.from_iterable(ons))  # (node, GPU milli) per entry, victim by victim
-        entries = bool(flat)
-        of = np.repeat(np.arange(nv), lens)  # entry -> its victim
-        if entries:
-            cols_a, milli_a = (np.array(x, dtype=np.int64) for x in zip(*flat))
-        else:
-            cols_a = milli_a = np.zeros(0, dtype=np.int64)
-        queue_v = np.array(list(map(qn.__getitem__, queues)), dtype=np.int64)
-        queue_e = queue_v[of]  # per entry, its victim's queue number
-        self._gpus, self._prio = gpus_v[of], np.array(prios, dtype=float)[of]  # (``facts``)
-        # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed);
-        # the sort is stable: a node's entries of one share keep the victims' order
-        order = self._order = np.lexsort((-milli_a, cols_a))
-        cols = cols_a[order]
-        self.milli = milli_a[order]
-        self.queue = queue_e[order]
-        self.cost = cost_v[of][order]
+        book = _victim_book(ctx)
+        self.qn = {q: i for i, q in enumerate(book.queues)}
+        live = np.flatnonzero(book.live_s)
+        self._book = book
+        # lost work of every victim at once (the same doubles as ``Workload.lost_work``); the
+        # cache of ``ctx.victim_cost`` filled
+        cost_s = np.zeros(len(book.live_s))
+        if live.size:
+            cost_s[live] = lost_gpu_seconds_all(ctx.now_t, book.gpus_s[live], book.signal_s[live],
+                                                book.started_s[live], book.last_s[live])
+            vid = book.vid
+            ctx._vcost.update(zip(map(vid.__getitem__, live.tolist()), cost_s[live].tolist()))
+        # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed)
+        order = np.lexsort((-book.e_milli, book.e_col))
+        cols = book.e_col[order]
+        self.slot = book.e_slot[order]
+        self.milli = book.e_milli[order]
+        self.queue = book.queue_s[self.slot]
+        self.cost = cost_s[self.slot]
+        entries = bool(len(cols))
         if entries:
             first = np.ones(len(cols), dtype=bool)
             first[1:] = cols[1:] != cols[:-1]
@@ -552,40 +689,29 @@ class _VictimIndex:
         self.run_of = np.cumsum(first) - 1 if entries else np.zeros(0, dtype=np.int64)  # entry -> its run
         self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
         # each node's victims (and beside them, their queue numbers and ids: a walk filters a
-        # node's victims by these without reading the workloads), in the victims' order (the
-        # runs above, by node, with the entries taken in their order before the sort); the
-        # nodes in the order they first come
-        by_node = np.argsort(cols_a, kind="stable")
-        at = of[by_node].tolist()
-        pairs = list(zip(map(victims.__getitem__, at), milli_a[by_node].tolist()))
-        pairs_q = list(zip(queue_e[by_node].tolist(), map(vids.__getitem__, at)))
-        node_l, bounds = self.nodes.tolist(), self.bounds
-        appear = np.argsort(by_node[self.starts], kind="stable").tolist()  # (by first entry)
-        self.per_node: dict[int, list[tuple[Workload, int]]] = {
-            node_l[r]: pairs[bounds[r][0]:bounds[r][1]] for r in appear}
-        self.per_node_q: dict[int, list[tuple[int, str]]] = {
-            node_l[r]: pairs_q[bounds[r][0]:bounds[r][1]] for r in appear}
+        # node's victims by these without reading the workloads)
+        self.per_node: dict[int, list[tuple[Workload, int]]] = book.per_node
+        self.per_node_q: dict[int, list[tuple[int, str]]] = book.per_node_q
         self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
         self.queue_l = self.queue.tolist()
         self.milli_l = self.milli.tolist()
         self.cost_l = self.cost.tolist()
         self._facts: tuple | None = None
-        self._sorted_at: np.ndarray | None = None  # entry before the sort -> its place after
+        self._by_slot: tuple | None = None  # see ``entries``
         self._dead: np.ndarray | None = None  # see ``evicted_entries``
         self._applied: set[str] = set()
 
     def facts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per entry, its victim's GPUs and priority (arrays, made when a walk first needs them)."""
         if self._facts is None:
-            order = self._order
-            self._facts = (self._gpus[order], self._prio[order])
+            self._facts = (self._book.gpus_s[self.slot], self._book.prio_s[self.slot])
         return self._facts
 
     def evicted_entries(self, evicted: set[str]) -> np.ndarray:
         """Per entry, is its victim in ``evicted`` (the cycle's evicted set)? Kept in step as
         victims are evicted, and worked out again when one was taken back (a rolled-back plan)."""
         if self._dead is None or not self._applied <= evicted:
-            self._dead, self._applied = np.zeros(len(self._order), dtype=bool), set()
+            self._dead, self._applied = np.zeros(len(self.slot), dtype=bool), set()
         new = evicted - self._applied
         if new:
             self._dead[self.entries(new)] = True
@@ -594,18 +720,17 @@ class _VictimIndex:
 
     def entries(self, victims: Iterable[str]) -> list[int]:
         """The entries of these victims (ids; those not in the index have none)."""
-        if self._sorted_at is None:
-            self._sorted_at = np.empty(len(self._order), dtype=np.int64)
-            self._sorted_at[self._order] = np.arange(len(self._order))
-        if self._span is None:  # victim id -> its entries, before the sort (made when first asked)
-            ends = self._ends
-            self._span = dict(zip(self._vids, zip(np.concatenate(([0], ends[:-1])).tolist(), ends.tolist())))
-        span, at = self._span, self._sorted_at
+        if self._by_slot is None:  # entries by slot (made when first asked)
+            by = np.argsort(self.slot, kind="stable")
+            self._by_slot = (by, self.slot[by])
+        by, slots = self._by_slot
+        slot_of = self._book.slot_of
         out: list[int] = []
         for vid in victims:
-            hit = span.get(vid)
-            if hit is not None:
-                out.extend(at[hit[0]:hit[1]].tolist())
+            k = slot_of.get(vid)
+            if k is not None:
+                lo, hi = np.searchsorted(slots, k), np.searchsorted(slots, k, side="right")
+                out.extend(by[lo:hi].tolist())
         return out
 
 
@@ -1008,7 +1133,7 @@ class _Refusals:
             levels[aq] = (sides, amounts, max(most, over))
         for aq, (sides, amounts, most) in levels.items():
             if _least_change(b._over_mine(aq), b.amount, b._wants(aq), len(sides), most, min(amounts),
-                             sum(amounts)) < -EPS:
+                             math.fsum(amounts)) < -EPS:  # (exact: in whatever order the node lists them)
                 return False
         return True
 

@@ -175,3 +175,82 @@ def test_the_victim_index_built_at_once_is_the_one_built_victim_by_victim(specs,
 
     for v in ctx.preemptible_running():  # (the cost cache the index fills)
         assert ctx._vcost[v.id] == lost_gpu_seconds(v, ctx.now_t, ctx.amounts[v.id][0])
+
+
+def _canonical(index: dict) -> dict:
+    """An index as sets: each node's victims, and the entries' facts sorted (what a kept book may
+    hold in another order than a fresh build; nothing the index answers depends on it)."""
+    out = {"per_node": {n: sorted((v.id, m) for v, m in vs) for n, vs in index["per_node"]},
+           "per_node_q": {n: sorted((vid, q) for q, vid in vs) for n, vs in index["per_node_q"]}}
+    rows = list(zip(index["cols"], index["milli"], index["queue"], index["cost"], index["gpus"], index["prio"]))
+    out["entries"] = sorted(rows)
+    # the runs: a node's entries together, the largest share first
+    out["cols"] = index["cols"]
+    out["milli_runs"] = [m for _, m in sorted(zip(index["cols"], index["milli"]), key=lambda t: (t[0], -t[1]))] \
+        == index["milli"]
+    return out
+
+
+def _got(idx) -> dict:
+    gpus, prio = idx.facts()
+    return {"per_node": list(idx.per_node.items()), "per_node_q": list(idx.per_node_q.items()),
+            "cols": idx.nodes.repeat([hi - lo for lo, hi in idx.bounds]).tolist() if idx.bounds else [],
+            "milli": idx.milli.tolist(), "queue": idx.queue.tolist(), "cost": idx.cost.tolist(),
+            "gpus": gpus.tolist(), "prio": prio.tolist()}
+
+
+@_settings(60)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["start", "change", "release", "end", "stay"]), st.integers(0, 11),
+                                   st.integers(0, 3), st.integers(1, 2), st.sampled_from([0.25, 1.0, 2.0]),
+                                   st.sampled_from([None, 0.0, 80.0])), min_size=1, max_size=10), min_size=3, max_size=7),
+       st.randoms(use_true_random=False))
+def test_the_victim_book_kept_across_cycles_gives_the_index_a_fresh_build_gives(steps, rnd):
+    """Cycle after cycle, with the snapshot naming what changed, the victim index made from the
+    kept book (victims that came, went, changed, aged past ``min_runtime``, and one evicted before
+    the build) holds what an index built afresh from the same cycle holds, node by node and entry
+    by entry, and fills the same lost-work cache."""
+    import dataclasses
+
+    from gpupool.scheduler.core import Scheduler
+    from gpupool.scheduler.model import NodeSpec, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot
+
+    nodes = [NodeSpec(f"n{i}", gpus=4, gpu_memory=80 * 2**30, cpu=64, memory=512 * 2**30) for i in range(4)]
+    queues = [QueueSpec("a", deserved={"gpu": 8}), QueueSpec("b", deserved={"gpu": 8}),
+              QueueSpec("a1", parent="a", deserved={"gpu": 4})]
+    sched = Scheduler(SchedulerConfig(min_runtime=45.0))
+    ws: dict[str, Workload] = {}
+    kept = None
+    now = 100.0
+    for k, step in enumerate(steps):
+        changed: set[str] = set()
+        for what, i, node, pods, gpus, started in step:
+            wid = f"w{i:02d}"
+            old = ws.get(wid)
+            if what == "stay" or (old is None and what != "start"):
+                continue
+            if what == "end":
+                ws.pop(wid, None)
+            elif what == "release":
+                ws[wid] = dataclasses.replace(old, phase=Phase.RELEASING)
+            else:  # start (or start again elsewhere), or change its facts in place
+                placements = tuple(PodPlacement(p, f"n{(node + p) % 5}", (rnd.randrange(4),), min(gpus, 1.0))
+                                   for p in range(pods))
+                ws[wid] = Workload(wid, ["a1", "b", "a1"][i % 3], gpus=gpus, pods=pods, priority=i % 3,
+                                   phase=Phase.RUNNING, placements=placements, checkpoint_on_signal=i % 4 == 0,
+                                   started_at=None if started is None else now - started,
+                                   last_checkpoint_at=now - 10.0 if i % 5 == 0 else None)
+            changed.add(wid)
+        snap = Snapshot(now, nodes, queues, list(ws.values()), changes=frozenset(changed) if kept else None)
+        ctx = sched.start(snap, waiting=kept, keep=True)
+        running = ctx.preemptible_running()
+        if running and k % 2:
+            ctx.evicted.add(running[rnd.randrange(len(running))].id)
+        fresh_ctx = Scheduler(SchedulerConfig(min_runtime=45.0)).start(dataclasses.replace(snap, changes=None))
+        fresh_ctx.evicted |= ctx.evicted
+        want = _canonical(_index_one_by_one(fresh_ctx))
+        assert _canonical(_got(plan._VictimIndex(ctx))) == want
+        assert _canonical(_got(plan._VictimIndex(fresh_ctx))) == want
+        assert {v.id: ctx._vcost[v.id] for v in ctx.preemptible_running()} == \
+            {v.id: fresh_ctx._vcost[v.id] for v in fresh_ctx.preemptible_running()}
+        kept = ctx.waiting
+        now += 20.0  # (victims age past min_runtime: a young one comes in later without a change)
