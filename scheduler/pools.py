@@ -53,11 +53,16 @@ def is_pooled(snap: Snapshot) -> bool:
 
 
 def _amount(w: Workload, max_mem: int) -> Vec:
-    if w.gpu_memory > 0:
-        gpu = w.pods * min(1.0, w.gpu_memory / max_mem) if max_mem else float(w.pods)
+    return _amount_of(w.pods, w.gpus, w.gpu_memory, w.cpu, w.memory, max_mem)
+
+
+def _amount_of(pods: int, gpus: float, gpu_memory: int, cpu: float, memory: int, max_mem: int) -> Vec:
+    """What a workload of this request takes of a pool whose largest GPU has ``max_mem``."""
+    if gpu_memory > 0:
+        gpu = pods * min(1.0, gpu_memory / max_mem) if max_mem else float(pods)
     else:
-        gpu = w.pods * w.gpus
-    return (gpu, w.cpu * w.pods, float(w.memory * w.pods))
+        gpu = pods * gpus
+    return (gpu, cpu * pods, float(memory * pods))
 
 
 class PooledCycle:
@@ -197,8 +202,7 @@ class PooledCycle:
         for p in self.pools:
             extra: dict[str, list[float]] = {}
             for (q, pods, gpus, gpu_memory, cpu, memory), k in Counter(only_may[p]).items():
-                a = _amount(Workload("", q, gpus=gpus, gpu_memory=gpu_memory, cpu=cpu, memory=memory, pods=pods),
-                            self.max_mem[p])
+                a = _amount_of(pods, gpus, gpu_memory, cpu, memory, self.max_mem[p])
                 e = extra.setdefault(q, [0.0, 0.0, 0.0])
                 e[0] += k * a[0]
                 e[1] += k * a[1]
@@ -208,8 +212,8 @@ class PooledCycle:
             if keep:  # this pool's book from the last cycle, if any: what changed here is named
                 ids = members[p] = set(map(_ID, ws))
                 book, before = books.get(p, (None, None))
-                if book is not None:
-                    waiting, changes = book, snap.changes | (ids ^ before)  # (in or out of this pool)
+                if book is not None:  # (the changes of its workloads now or before, and those in or out of it)
+                    waiting, changes = book, (snap.changes & (ids | before)) | (ids ^ before)
             sub = Snapshot(snap.now, self.nodes[p], self.queues[p], ws, reservations[p], changes=changes)
             ctxs[p] = sched.start(sub, snap.usage.get(p), {q: tuple(v) for q, v in extra.items()}, pool=p,
                                   waiting=waiting, keep=keep)
