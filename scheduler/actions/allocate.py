@@ -127,6 +127,8 @@ def _bind_holders(ctx: Cycle) -> None:
             hit = own.get(wid)
             if hit is None or hit[0] in touched:
                 could = _could_bind(ctx, c, r, nowhere, rows)
+            elif not hit[1] and c.shape in nowhere:
+                could = False  # (what ``_fits_elsewhere`` answers first; quota need not be asked)
             else:
                 could = ctx.quota_block(c) is None and (hit[1] or _fits_elsewhere(ctx, c, nowhere))
             if not could:
