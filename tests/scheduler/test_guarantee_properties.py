@@ -103,7 +103,7 @@ from gpupool.sim import load_scenario, parse_scenario, simulate
 from gpupool.sim.engine import Engine
 # the generator and its settings (tests/support/guarantee_scenarios.py); ``_settings`` is the name
 # the decorators below were written with, part of each property's seed
-from guarantee_scenarios import EPS, example_settings as _settings, scenarios, thrash
+from guarantee_scenarios import EPS, RANDOM, example_settings as _settings, scenarios, thrash
 
 N = int(os.environ.get("GUARANTEE_EXAMPLES", "200"))  # per property, the original generator
 N_EXTENDED = int(os.environ.get("GUARANTEE_EXTENDED_EXAMPLES", "150"))  # per property, over-commit + node events
@@ -714,6 +714,8 @@ def test_extended_generator_draws_overcommit_and_node_events_and_the_original_do
 
     extended()
     original()
+    if RANDOM:  # (a hunt's new stream of 30 draws: the shares below hold for CI's fixed one)
+        return
     assert 5 <= sum(o for o, _ in seen) <= 25  # about half over-commit
     assert set().union(*(a for _, a in seen)) == {"fail", "drain", "return"}
 
