@@ -43,6 +43,9 @@ def takes(ws: Iterable[Workload], index: dict[str, int], width: int) -> tuple[li
     return keys, milli, pods, cpu, mem
 
 
+CHANGED_KEPT = 4096  # changes kept for the victim book beyond twice the held workloads (see ``forget``)
+
+
 class HeldBook:
     """Per held workload id: (amount, request key, ``Take``); and the sum of the takes."""
 
@@ -83,6 +86,10 @@ class HeldBook:
         if self.victims is not None:
             ids = list(ids)
             self.changed.update(ids)
+            if len(self.changed) > 2 * len(facts) + CHANGED_KEPT:
+                # no victim index was made for many cycles (no reclaim): rather than keep every
+                # change since, drop the victim book; the next index is made afresh
+                self.victims, self.changed = None, set()
         for wid in ids:
             f = facts.pop(wid, None)
             if f is not None:

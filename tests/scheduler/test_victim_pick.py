@@ -254,3 +254,24 @@ def test_the_victim_book_kept_across_cycles_gives_the_index_a_fresh_build_gives(
             {v.id: fresh_ctx._vcost[v.id] for v in fresh_ctx.preemptible_running()}
         kept = ctx.waiting
         now += 20.0  # (victims age past min_runtime: a young one comes in later without a change)
+
+
+def test_the_held_book_drops_its_victim_book_when_changes_pile_up():
+    """A held book keeps the changes since the victim index was last made, for the victim book;
+    when no index is made for many cycles (no reclaim), it drops the book rather than keep every
+    change since (a long-running service would otherwise hold them all), and the next index is
+    made afresh."""
+    from gpupool.scheduler import held
+    from gpupool.scheduler.model import NodeSpec
+
+    nodes = [NodeSpec("n0", gpus=4)]
+    hb = held.HeldBook(nodes, {"n0": 0}, 4)
+    hb.victims = object()  # (a book: ``plan._VictimBook``)
+    hb.forget([f"w{i}" for i in range(10)])
+    assert hb.victims is not None and len(hb.changed) == 10
+    cycle = 0
+    while hb.victims is not None:
+        hb.forget([f"c{cycle}-{i}" for i in range(500)])
+        cycle += 1
+        assert len(hb.changed) <= held.CHANGED_KEPT + 500
+    assert hb.changed == set() and cycle == held.CHANGED_KEPT // 500 + 1
