@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from .fairshare import EPS
 from .model import MILLI, Phase, Reservation, Workload
 from .reasons import Code
 
@@ -136,28 +135,16 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
     bad[e.p_res[p0:p1][short] - i] = True
     stop = i + int(np.argmax(bad)) if bad.any() else end
     # is each reclaimer still entitled, with the claims of the earlier ones?
-    # (``Cycle._unentitled`` inline, with each queue's numbers read once: the same arithmetic)
     reserved: dict[str, float] = {}
-    amounts, base, path_of = ctx.amounts, ctx.reserved, ctx.tree.path
-    numbers: dict[str, tuple] = {}  # queue -> (its path, GPUs it holds and keeps, fair share)
-    reclaiming, pending = Code.RECLAIMING, Phase.PENDING
+    tree, amounts = ctx.tree, ctx.amounts
     for j in range(i, stop):
         r, w = todo[j]
-        q = w.queue
         amt = amounts[w.id][0]
-        nq = numbers.get(q)
-        if nq is None:
-            a, rel = ctx.alloc[q], ctx.releasing[q]
-            nq = numbers[q] = (path_of(q), a[0] + -1 * rel[0], ctx.fair[q].get("gpu", 0.0))
-        if r.code == reclaiming and w.phase is pending:
-            mine = reserved.get(q)
-            held = ctx.held(q) if mine is None else nq[1] + mine
-            fair = nq[2]
-            if held >= fair - EPS and held + amt > fair + EPS:
-                stop = j
-                break
-        for x in nq[0]:  # as ``_claim`` will add it, in the same order
-            reserved[x] = reserved.get(x, base[x]) + amt
+        if r.code == Code.RECLAIMING and w.phase is Phase.PENDING and ctx._unentitled(w, reserved.get(w.queue)):
+            stop = j
+            break
+        for x in tree.path(w.queue):  # as ``_claim`` will add it, in the same order
+            reserved[x] = reserved.get(x, ctx.reserved[x]) + amt
     if stop == i:
         return i
     # take them: the future view, the claims, the holds in the now view
@@ -184,8 +171,6 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
         ctx_reserved[x] = v
     queues: set[str] = set()
     holds_of, reservations = ctx.holds, ctx.reservations
-    # (``Cycle._note_starting(wid, +1)`` inline: each holder is the snapshot's workload of its id)
-    starting, starting_prios, lowest = ctx._starting, ctx._starting_prios, ctx._lowest
     g, p = 0, 0
     for j in range(i, stop):
         r, w = todo[j]
@@ -199,11 +184,7 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
             p += 1
         holds_of[wid] = holds
         reservations[wid] = r
-        if w.phase is pending and w.preemptible and wid not in starting:
-            starting.add(wid)
-            lowest.pop(q, None)
-            prios = starting_prios.setdefault(q, {})
-            prios[w.priority] = prios.get(w.priority, 0) + 1
+        ctx._note_starting(wid, +1)
     for q in queues:
         ctx._changing(q)
     ctx._held_all = None

@@ -32,6 +32,7 @@ MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
 # what the victim index reads of each victim, in one read
 _VICTIM = operator.attrgetter("id", "queue", "priority", "checkpoint_on_signal", "started_at", "last_checkpoint_at")
 _FIRST = operator.itemgetter(0)
+_ID = operator.attrgetter("id")
 _UNSET: dict = {}  # a budget's ``why`` before a search that may leave a refusal
 _UNJUDGED = object()  # a victim ``_Refusals`` has not judged yet
 
@@ -510,6 +511,7 @@ class _VictimBook:
 
     def __init__(self, queues: tuple[str, ...]):
         self.queues = queues  # the queue numbers' names, in order
+        self.qn = {q: i for i, q in enumerate(queues)}
         self.slot_of: dict[str, int] = {}  # victim id -> its slot
         self.free: list[int] = []  # slots given back
         self.vid: list[str | None] = []
@@ -579,7 +581,7 @@ class _VictimBook:
         """Take in these victims (none of them in the book)."""
         if not new:
             return
-        slot_of, qn = self.slot_of, {q: i for i, q in enumerate(self.queues)}
+        slot_of, qn = self.slot_of, self.qn
         self._grow(len(slot_of) + len(new))
         vids, queues, prios, signal, started, last = zip(*map(_VICTIM, new))
         slots = []
@@ -624,25 +626,16 @@ class _VictimBook:
             self.e_milli = np.concatenate((self.e_milli, np.array(e_milli, dtype=i64)))
 
 
-_ID = operator.attrgetter("id")
-
-
 def _victim_book(ctx: Cycle) -> _VictimBook:
     """The cycle's victim book: the one kept with its held book, brought up to date, or a new one."""
     queues = tuple(ctx.tree.queues)
     hb = ctx.waiting.held if ctx.waiting is not None else None
     book = hb.victims if hb is not None else None
-    if book is None or book.queues != queues:
+    if book is None or book.queues != queues:  # (a new book takes every victim in: no changes to apply)
         book = _VictimBook(queues)
-        if hb is not None:
-            hb.victims = book
-            hb.changed.clear()
-        changed: set[str] = set()
-    else:
-        changed = hb.changed
-    book.update(ctx, ctx.preemptible_running(), changed)
+    book.update(ctx, ctx.preemptible_running(), hb.changed if hb is not None else set())
     if hb is not None:
-        hb.changed = set()
+        hb.victims, hb.changed = book, set()
     return book
 
 
@@ -660,7 +653,7 @@ class _VictimIndex:
 
     def __init__(self, ctx: Cycle):
         book = _victim_book(ctx)
-        self.qn = {q: i for i, q in enumerate(book.queues)}
+        self.qn = book.qn
         live = np.flatnonzero(book.live_s)
         self._book = book
         # lost work of every victim at once (the same doubles as ``Workload.lost_work``); the
