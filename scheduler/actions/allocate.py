@@ -109,31 +109,42 @@ def _bind_holders(ctx: Cycle) -> None:
     rows = FreeRows(now)  # the probes read the now view as lists (kept in step through its log)
     todo = []
     by_id = ctx.by_id
+    shapes: dict[tuple, _Shape] = {}
     held = ctx.reservations.values()  # (a copy: binding takes a holder's reservation out)
     for r in (list(held) if ctx.reservations_in_order else sorted(held, key=SINCE)):  # (one per holder)
         w = by_id[r.workload]
         if w.phase is Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
-            todo.append((w, r, ctx.candidate(w)))
+            sel = w.node_selector
+            key = (w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, tuple(sorted(sel.items())) if sel else ())
+            s = shapes.get(key)
+            if s is None:
+                s = shapes[key] = _Shape(ctx, w, key[5])
+            todo.append((w, r, s))
     # the first probes of every single-pod holder at once, on the now view as it is before any
     # binds; a holder whose node a bind or a hold changed since is probed on its own
     own = _own_node_fits(ctx, [h for h in todo if h[0].pods == 1]) if cycle.SHORTCUTS else {}
     seen, touched = len(now.log), set()
-    for w, r, c in todo:
+    for w, r, s in todo:
         wid = w.id
+        c = None  # its candidate, made once needed (most holders only wait)
         if w.pods == 1 and cycle.SHORTCUTS:
             if len(now.log) > seen:
                 touched.update(now.log[seen:])
                 seen = len(now.log)
             hit = own.get(wid)
             if hit is None or hit[0] in touched:
+                c = ctx.candidate(w)
                 could = _could_bind(ctx, c, r, nowhere, rows)
-            elif not hit[1] and c.shape in nowhere:
+            elif not hit[1] and s.shape in nowhere:
                 could = False  # (what ``_fits_elsewhere`` answers first; quota need not be asked)
             else:
+                c = ctx.candidate(w)
                 could = ctx.quota_block(c) is None and (hit[1] or _fits_elsewhere(ctx, c, nowhere))
             if not could:
                 ctx.wait(w, r.code, r.detail)  # what giving its holds back and taking them again would end in
                 continue
+        if c is None:
+            c = ctx.candidate(w)
         ctx.unhold(wid)
         placed = None
         st = Statement(ctx, now)
@@ -161,6 +172,17 @@ def _bind_holders(ctx: Cycle) -> None:
         ctx._claim(w.queue, -c.amount[0])  # the claim becomes an allocation
         ctx.settling[wid] = dataclasses.replace(ctx.reservations.pop(wid), bound_at=ctx.now_t)
         ctx.bind(c, placed)
+
+
+class _Shape:
+    """What the holders of one shape share for their probes: the request, the nodes they may run
+    on (None: any) and ``Candidate.shape``."""
+
+    __slots__ = ("req", "mask", "shape")
+
+    def __init__(self, ctx: Cycle, w: Workload, selector: tuple):
+        self.req, self.mask = ctx.request(w), ctx.mask(w.node_selector)
+        self.shape = (self.req, w.pods, selector)
 
 
 def _could_bind(ctx: Cycle, c: Candidate, r, nowhere: set[tuple], rows: FreeRows) -> bool:
@@ -203,10 +225,11 @@ def _fits_elsewhere(ctx: Cycle, c: Candidate, nowhere: set[tuple]) -> bool:
 
 
 def _own_node_fits(ctx: Cycle, holders: list) -> dict[str, tuple[int, bool]]:
-    """``_fits_own_node`` for many single-pod holders (workload, reservation,
-    candidate) at once, on the now view as it is: would each fit where it is planned, or
-    elsewhere on that node, with what it holds itself given back? Holder id -> (the node, the
-    answer); a holder whose reservation is not one placement on a known node is left out."""
+    """``_fits_own_node`` for many single-pod holders (workload, reservation, and its ``_Shape``
+    or candidate: their request and mask are read) at once, on the now view as it is: would each
+    fit where it is planned, or elsewhere on that node, with what it holds itself given back?
+    Holder id -> (the node, the answer); a holder whose reservation is not one placement on a
+    known node is left out."""
     now = ctx.now
     index, num_gpus = now.index, now.num_gpus.tolist()
     keep, nodes, pm, cpu, mem, k3, m3, where_ok = [], [], [], [], [], [], [], []

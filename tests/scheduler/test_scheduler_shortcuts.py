@@ -125,11 +125,11 @@ def _holder_probes_agree(monkeypatch, data: dict, seed: int) -> int:
     def checked(ctx, holders):
         out = real(ctx, holders)
         rows = FreeRows(ctx.now)
-        for w, r, c in holders:
+        for w, r, _ in holders:
             if w.id in out:
                 node, fits = out[w.id]
                 assert node == ctx.now.index[r.placements[0].node]
-                assert fits == allocate._fits_own_node(ctx, c, r, rows), w.id
+                assert fits == allocate._fits_own_node(ctx, ctx.candidate(w), r, rows), w.id
                 compared.append(fits)
         return out
     monkeypatch.setattr(allocate, "_own_node_fits", checked)
