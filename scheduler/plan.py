@@ -826,8 +826,9 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         for i in _lex_order(lost, -most):  # victims listed only for nodes examined
             yield item(i)
         return
-    refused = judged = beyond = None  # per run: victims all refused first; judged; no better plan
-    held_back, walked, seen = -1, 0, None
+    # per run: victims all refused first; judged; no plan of them closer to fair; no better plan
+    refused = judged = closer = beyond = None
+    held_back, held_closer, walked, seen = -1, -1, 0, None
     for i in _lex_order(lost, -most):
         if walked >= SKIP_AFTER:
             j = runs[i]
@@ -836,7 +837,12 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
             if skip.open:
                 if refused[j]:
                     if judged[j]:
-                        held_back = i
+                        held_back, held_closer = i, -1  # (its refusal ends what an earlier one owed)
+                    continue
+                if closer is None:
+                    closer = skip.never_closer_runs(idx, sel, refused, judged)
+                if closer[j]:  # the walk would only owe it: the last one stands for the run
+                    held_closer = i
                     continue
             else:
                 if refused[j]:  # once a plan is found, what the budget refuses is not read
@@ -848,10 +854,15 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         if held_back >= 0:
             yield item(held_back)
             held_back = -1
+        if held_closer >= 0:
+            yield item(held_closer)
+            held_closer = -1
         walked += 1
         yield item(i)
     if held_back >= 0:
         yield item(held_back)
+    if held_closer >= 0:
+        yield item(held_closer)
 
 
 def _fewest(sizes: Iterable[int], short: int) -> int:
@@ -1162,6 +1173,7 @@ class _Skip:
         self.ctx, self.budget = ctx, budget
         self.open = True
         self.best: tuple | None = None  # the best plan's cost once one is found
+        self._facts: _SideFacts | None = None
 
     def beyond(self, idx: _VictimIndex, sel: np.ndarray, least: np.ndarray, need: int,
                free: np.ndarray) -> np.ndarray:
@@ -1206,39 +1218,99 @@ class _Skip:
             hit = memo[r] = (anc[np.arange(len(anc)), sd], sd, anc)
         return hit
 
+    def _side_facts(self, idx: _VictimIndex, sel: np.ndarray) -> "_SideFacts":
+        """The budget's numbers of the candidate queues' sides, by queue number (made once per
+        walk: ``sel`` is the walk's)."""
+        if self._facts is None:
+            b, names = self.budget, list(idx.qn)
+            side = self._sides(idx)[0]
+            f = self._facts = _SideFacts(len(names))
+            cand = np.flatnonzero(sel)
+            sides, first = np.unique(side[cand], return_index=True)
+            levels: dict[str, int] = {}
+            for s_, rep in zip(sides.tolist(), cand[first].tolist()):
+                _, over, h, g, before, guaranteed, aq = b._side(names[rep])
+                f.unknown[s_] = guaranteed and h > g + EPS  # the guarantee rule: walked
+                f.over[s_], f.before[s_], f.held[s_], f.guar[s_] = over, before, h, g
+                f.level[s_] = levels.setdefault(aq, len(levels))
+            f.levels = list(levels)
+        return self._facts
+
+    def _live(self, idx: _VictimIndex, sel: np.ndarray) -> np.ndarray:
+        """Per entry: is its victim of a candidate queue, and not evicted?"""
+        live = sel[idx.queue]
+        if self.ctx.evicted:
+            live = live & ~idx.evicted_entries(self.ctx.evicted)
+        return live
+
+    def never_closer_runs(self, idx: _VictimIndex, sel: np.ndarray, refused: np.ndarray,
+                          judged: np.ndarray) -> np.ndarray:
+        """Per run of the index (a node the walk would judge, ``judged``, and not ``refused``: so
+        some victim there may go first): is it certain that no plan of its victims left (two or
+        more: a plan of one victim refused before is not asked) can bring the shares closer to
+        fair (``_Refusals.never_closer``)? The same sides, levels, counts, least and greatest victims
+        and ``_least_change`` for every node at once. ``never_closer`` sums a level's victims
+        exactly (``math.fsum``); here they are summed in order, so a node is marked only when its
+        bound clears -EPS by more than that sum can be off (a node at the edge is walked)."""
+        b = self.budget
+        f = self._side_facts(idx, sel)
+        side = self._sides(idx)[0]
+        amt = idx.facts()[0]
+        starts = idx.starts
+        live = self._live(idx, sel)
+        se = side[idx.queue]
+        out = judged & ~refused & (np.add.reduceat(live.astype(np.int64), starts) >= 2)
+        out &= ~np.logical_or.reduceat(live & f.unknown[se], starts)  # the guarantee rule may take one
+        at = np.flatnonzero(live)
+        if not at.size or not out.any():
+            return out
+        # one group per (node, level where the victims' sides meet the reclaimer's)
+        nl = len(f.levels)
+        s_e = se[at]
+        g = idx.run_of[at] * nl + f.level[s_e]
+        order = np.lexsort((s_e, g))
+        g, s_e, a, o = g[order], s_e[order], amt[at][order], f.over[s_e][order]
+        opens = np.ones(len(g), dtype=bool)
+        opens[1:] = g[1:] != g[:-1]
+        new_side = opens.copy()
+        new_side[1:] |= s_e[1:] != s_e[:-1]
+        gi = np.flatnonzero(opens)
+        k = np.add.reduceat(new_side.astype(np.float64), gi)  # distinct sides
+        most = np.maximum(np.maximum.reduceat(o, gi), 0.0)
+        lo = np.minimum.reduceat(a, gi)
+        hi = np.add.reduceat(a, gi)
+        lev = g[gi] % nl
+        before = np.array([b._over_mine(aq) for aq in f.levels])[lev]
+        wants = np.array([b._wants(aq) for aq in f.levels])[lev]
+        change = _least_change_all(before, b.amount, wants, k, most, lo, hi)
+        # how far the sum in order may be from the exact one, times how fast the bound moves with it
+        slope = 2.0 * (np.abs(before) + abs(b.amount) + wants + hi + most) + 2.0
+        off = 1e-12 * np.diff(np.append(gi, len(g))) * (1.0 + hi) * slope
+        bad = change < -EPS + off
+        out[(g[gi] // nl)[bad]] = False
+        return out
+
     def refused_runs(self, idx: _VictimIndex, sel: np.ndarray, need: int,
                      free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per run of the index (a node): are all its victims of the candidate queues (``sel``,
         by queue number) that are not evicted refused first? And would a search judge the node
         (such victims there, and with the node's free capacity, room for ``need``)?"""
-        ctx, b = self.ctx, self.budget
+        ctx = self.ctx
         side, sd, anc = self._sides(idx)
         amt, prio = idx.facts()
         q = idx.queue
         names = list(idx.qn)
         nq = len(names)
-        # the sides' numbers, judged once per side among the candidate queues
-        cand = np.flatnonzero(sel)
-        sides, first = np.unique(side[cand], return_index=True)
-        unknown = np.zeros(nq, dtype=bool)
-        share = np.zeros(nq, dtype=bool)
-        above = np.zeros(nq, dtype=bool)
-        held = np.zeros(nq)
-        guar = np.zeros(nq)
-        for s_, rep in zip(sides.tolist(), cand[first].tolist()):
-            _, over, h, g, before, guaranteed, _ = b._side(names[rep])
-            unknown[s_] = guaranteed and h > g + EPS  # the guarantee rule: walked
-            share[s_] = over > before + EPS
-            above[s_] = over > EPS
-            held[s_], guar[s_] = h, g
+        f = self._side_facts(idx, sel)
+        unknown, held, guar = f.unknown, f.held, f.guar
+        share = f.over > f.before + EPS
+        above = f.over > EPS
         # the least excess over fair share of the queues below each queue's side, down to it
         over_q = ctx.over_all()
         cols = np.arange(anc.shape[1])[None, :]
         below = np.where((anc >= 0) & (cols > sd[:, None]), over_q[anc], np.inf).min(axis=1)
         se = side[q]
-        live = sel[q]
-        if ctx.evicted:
-            live = live & ~idx.evicted_entries(ctx.evicted)
+        live = self._live(idx, sel)
         may = live & share[se] & ((held[se] - amt >= guar[se] - EPS) | above[se]) & ~(below[q] + EPS < amt / 2.0)
         may &= ~unknown[se]
         if may.any():  # a queue running lower-priority workloads keeps its higher ones
@@ -1253,6 +1325,31 @@ class _Skip:
         room = np.add.reduceat(np.where(live, idx.milli, 0), starts)
         judged = (count > 0) & (room + free[idx.nodes] >= need)
         return refused, judged
+
+
+class _SideFacts:
+    """Per queue number, the numbers ``ReclaimBudget._side`` gives its side (filled for the sides
+    of a walk's candidate queues): over its fair share, the reclaimer's side's excess it is
+    compared with, held, guarantee, judged by the guarantee rule, and the level (an index into
+    ``levels``, the reclaimer's ancestors where sides meet it)."""
+
+    def __init__(self, nq: int):
+        self.unknown = np.zeros(nq, dtype=bool)
+        self.over, self.before = np.zeros(nq), np.zeros(nq)
+        self.held, self.guar = np.zeros(nq), np.zeros(nq)
+        self.level = np.zeros(nq, dtype=np.int64)
+        self.levels: list[str] = []
+
+
+def _least_change_all(before: np.ndarray, amount: float, wants: np.ndarray, k: np.ndarray, most: np.ndarray,
+                      lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``_least_change`` for many levels at once: the same arithmetic, element by element."""
+    least = np.full(len(before), np.inf)
+    for t in (lo, hi, np.full(len(before), amount), amount + wants, k * most, (most - before) / (1.0 + 1.0 / k)):
+        after = before + amount + np.minimum(np.maximum(0.0, t - amount), wants)
+        value = after * after - before * before + t * t / k - 2.0 * most * t
+        least = np.where((lo <= t) & (t <= hi), np.minimum(least, value), least)
+    return least
 
 
 def _least_change(before: float, amount: float, wants: float, k: int, most: float, lo: float, hi: float) -> float:

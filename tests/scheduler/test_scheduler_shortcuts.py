@@ -144,15 +144,18 @@ def test_holders_probed_at_once_answer_as_one_by_one(data, seed):
         _holder_probes_agree(mp, data, seed)
 
 
-def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: int) -> int:
+def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: int) -> dict[str, int]:
     """Run the simulation with every node marking of a reclaim's walk (``plan._Skip``) checked
     against judging the node alone: a node marked refused is one where every victim left is
     refused first (``_Refusals``), and conversely where none of them is judged by the guarantee
     rule; one marked judged is one the walk would search (victims left, room enough); one marked
-    beyond the best plan is one whose tighter bound, worked out victim by victim, is worse in its
-    first two places. Returns how many nodes were marked refused or beyond."""
-    marked = []
+    never closer is one with two victims or more left, not hopeless, where no plan of them brings
+    the shares closer (``_Refusals.never_closer``); one marked beyond the best plan is one whose
+    tighter bound, worked out victim by victim, is worse in its first two places. Returns how
+    many nodes were marked, by marking."""
+    marked: dict[str, int] = {"refused": 0, "never closer": 0, "beyond": 0}
     real_refused, real_beyond = plan._Skip.refused_runs, plan._Skip.beyond
+    real_closer = plan._Skip.never_closer_runs
 
     def victims(skip, idx, sel, j):
         ctx = skip.ctx
@@ -170,10 +173,20 @@ def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: i
                                for v, _ in vs)
             if refused[j]:
                 assert all(f is not None for f in first)
-                marked.append(j)
+                marked["refused"] += 1
             elif not by_guarantee:
                 assert any(f is None for f in first)
         return refused, judged
+
+    def never_closer_runs(self, idx, sel, refused, judged):
+        out = real_closer(self, idx, sel, refused, judged)
+        judge = plan._Refusals(self.ctx, self.budget)
+        for j in np.flatnonzero(out).tolist():
+            vs = victims(self, idx, sel, j)
+            assert judged[j] and not refused[j] and len(vs) >= 2
+            assert judge.hopeless(vs) is None and judge.never_closer(vs)
+            marked["never closer"] += 1
+        return out
 
     def beyond(self, idx, sel, least, need, free):
         out = real_beyond(self, idx, sel, least, need, free)
@@ -188,14 +201,15 @@ def _walks_skip_what_node_by_node_judging_skips(monkeypatch, data: dict, seed: i
             lost = round((fewest * float(least[j]) - 1e-7) * 1e6) / 1e6 if np.isfinite(least[j]) else np.inf
             assert bool(out[j]) == ((lost, fewest) > tuple(self.best[:2]))
             if out[j]:
-                marked.append(j)
+                marked["beyond"] += 1
         return out
 
     monkeypatch.setattr(plan._Skip, "refused_runs", refused_runs)
     monkeypatch.setattr(plan._Skip, "beyond", beyond)
+    monkeypatch.setattr(plan._Skip, "never_closer_runs", never_closer_runs)
     monkeypatch.setattr(plan, "SKIP_AFTER", 0)
     report_text(data, seed)
-    return len(marked)
+    return marked
 
 
 @_settings(60)
@@ -264,6 +278,20 @@ def test_a_churn_walk_leaves_nodes_that_cannot_beat_its_plan(monkeypatch):
     fast = report_text(data, 0)
     monkeypatch.setattr(cycle, "SHORTCUTS", False)
     assert report_text(data, 0) == fast
+
+
+def test_a_churn_walk_marks_the_nodes_where_no_plan_comes_closer(monkeypatch):
+    """The same churn, its walks marked from the first node: while no plan is found, the nodes
+    where no plan of the victims can bring the shares closer to fair are marked for the whole
+    index at once (each checked against judging it alone), the walk lists only the last of a run
+    of them, and the simulation decides the same, reasons included, as with the shortcuts off."""
+    data = _churn(50, 40, 1500)
+    assert _walks_skip_what_node_by_node_judging_skips(monkeypatch, data, 0)["never closer"] > 0
+    monkeypatch.setattr(cycle, "SHORTCUTS", False)
+    slow = report_text(data, 0)
+    monkeypatch.undo()
+    monkeypatch.setattr(plan, "SKIP_AFTER", 0)
+    assert report_text(data, 0) == slow
 
 
 def test_a_victim_refused_for_its_lower_priority_sibling_may_still_go(monkeypatch):
