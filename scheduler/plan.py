@@ -767,9 +767,12 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     function that gives a tighter bound (worked out only for the nodes it is asked for).
 
     ``skip`` (a reclaim's walk), once ``SKIP_AFTER`` nodes were yielded: while no plan is found,
-    of each run of nodes where the budget refuses every victim first only the last one a search
-    would judge is yielded (the walk over such a node only leaves its refusal); once one is
-    found, neither those nor the nodes whose tighter bound cannot beat it are (``_Skip``)."""
+    of each run of nodes where the budget refuses every victim first, or where no plan can bring
+    the shares closer to fair, only the last refused one a search would judge is yielded, then
+    the last of the others after it (the walk over the first only leaves its refusal, over the
+    others only owes a search, and each overwrites what the ones before it left); once a plan is
+    found, neither the refused nodes nor the nodes whose tighter bound cannot beat it are
+    (``_Skip``)."""
     idx = _index(ctx)
     if not idx.nodes.size:
         return
@@ -1164,7 +1167,10 @@ class _Skip:
     (``inside``); or when its queue runs a workload of lower priority (``priority``). Each test
     below is the same arithmetic on the same numbers, so the answers are the budget's own. While
     no plan is found, walking such a node only leaves its refusal in the budget, so of a run of
-    them only the last that a search would judge (victims left, room enough) needs walking. Once
+    them only the last that a search would judge (victims left, room enough) needs walking; a
+    node where no plan can bring the shares closer (``never_closer_runs``) only owes the search
+    that leaves its refusal if nothing later does, so the last of them after the last refused
+    one stands for the run too. Once
     a plan is found, the refusals are not read (they only explain a plan not made), so such nodes
     are not walked at all, nor those ``beyond`` the best plan.
     ``open``: no plan found yet; ``best``: the best plan's cost since."""
