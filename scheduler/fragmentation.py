@@ -16,7 +16,11 @@ With ``waste_weight`` > 0 it also counts, ``waste_weight`` times, each GPU's *ex
 free milli the workload is expected never to fill, looking past the next pod (see ``waste_table``).
 A placement policy places a pod where this sum grows least. Everything is vectorised over nodes
 with numpy and kept incrementally: ``sync(state)`` re-derives only the nodes whose free capacity
-changed since the last call, so a policy can score thousands of pods per second.
+changed since the last call, so a policy can score thousands of pods per second. A node's row is
+a function of its free capacity and of what the node is (its shapes' per-GPU demand and access,
+its waste table: ``node_class``); a few rows at a time are looked up among the rows already
+worked out for a node of its class in the same state (a filling cluster passes through a few
+hundred distinct states, thousands of times), and the rest worked out as before.
 
 Pure: numpy only, no I/O, no clock.
 """
@@ -31,6 +35,8 @@ from .model import MILLI
 
 _NEVER = MILLI + 1  # a per-GPU demand no GPU can meet
 _UNBOUNDED = np.iinfo(np.int64).max // 4  # pods a node has room for when a shape asks no CPU/memory
+FEW_ROWS = 64  # at most this many rows re-derived at once are looked up one by one (see ``_refresh``)
+KEPT_ROWS = 100_000  # rows worked out that a model keeps for lookups before it starts afresh
 WASTE_RELIABLE = 0.02  # a GPU size class at least this frequent (share of pods) is counted on to arrive
 
 
@@ -154,6 +160,16 @@ class FragModel:
         self._gpu_access = self.access & ~self.cpu_only
         self._bw = self.beta * self.w
         self._bind_waste(state.gpu_mem)
+        # what a node is, for the rows' values: its shapes' per-GPU demand and access, its waste
+        # table (nodes of one class in the same free state have the same row)
+        parts = [self.m, self.access.astype(np.int64)]
+        if self._waste:
+            parts.append(self._wid.reshape(-1, 1))
+        if N:
+            self.node_class = np.unique(np.concatenate(parts, axis=1), axis=0, return_inverse=True)[1].reshape(-1).tolist()
+        else:
+            self.node_class = []
+        self._rows: dict[tuple, tuple] = {}  # (class, free GPU row, CPU, memory) -> its row's values
         self.gpu = state.gpu_free.copy()
         self.cpu = state.cpu_free.copy()
         self.memf = state.mem_free.copy()
@@ -241,7 +257,34 @@ class FragModel:
             self._tick += 1
             self.version[rows] = self._tick
 
+    def row_key(self, n: int) -> tuple:
+        """What node ``n``'s row is a function of: its class and its free GPUs, CPU and memory."""
+        return self.node_class[n], self.gpu[n].tobytes(), int(self.cpu[n]), int(self.memf[n])
+
     def _refresh(self, rows: np.ndarray) -> None:
+        if len(rows) > FEW_ROWS:
+            self._derive(rows)
+            return
+        kept = self._rows
+        if len(kept) > KEPT_ROWS:
+            kept.clear()
+        missed, keys = [], []
+        for n in rows.tolist():
+            key = self.row_key(n)
+            hit = kept.get(key)
+            if hit is None:
+                missed.append(n)
+                keys.append(key)
+            else:
+                self.tot[n], self.cnt[n], self.small[n], self.slots[n], self.F[n], self.wsum[n] = hit
+        if missed:
+            at = np.array(missed, dtype=np.int64)
+            self._derive(at)
+            for n, key in zip(missed, keys):
+                kept[key] = (self.tot[n], self.cnt[n].copy(), self.small[n].copy(), self.slots[n].copy(),
+                             self.F[n], self.wsum[n])
+
+    def _derive(self, rows: np.ndarray) -> None:
         tot, cnt, small, slots, F, wsum = self.rows_frag(rows, self.gpu[rows], self.cpu[rows], self.memf[rows])
         self.tot[rows] = tot
         self.cnt[rows] = cnt

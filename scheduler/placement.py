@@ -41,7 +41,7 @@ import numpy as np
 
 from .cluster import UNTRACKED as _UNTRACKED
 from .cluster import ClusterState, PodRequest
-from .fragmentation import FragModel, normalise_shapes, per_gpu_milli
+from .fragmentation import FEW_ROWS, KEPT_ROWS, FragModel, normalise_shapes, per_gpu_milli
 from .model import MILLI
 
 Choice = tuple[int, tuple[int, ...], int]
@@ -251,6 +251,9 @@ class _FragPolicy:
     recompute only nodes whose capacity changed since (``FragModel.version``)."""
 
     use_memory = False
+    # may ``_compute`` look a node's GPU and decrease up by its row? (``share_value`` must be
+    # worked out element by element alike wherever the element falls: no ``exp``)
+    rows_kept = False
 
     def __init__(self, shapes=(), seed: int = 0):
         self.ties = _TieOrder(seed)
@@ -277,12 +280,43 @@ class _FragPolicy:
         e = self._cache.get(key)
         N = len(self.model.version)
         if e is None or e[0] is not self.model.version or len(e[1]) != N:
-            e = [self.model.version, np.full(N, -1, np.int64), np.zeros(N), np.zeros(N, np.int64), np.zeros(N)]
+            # (version, snap, value, gpu, delta, and the values worked out by row: see _compute)
+            e = [self.model.version, np.full(N, -1, np.int64), np.zeros(N), np.zeros(N, np.int64), np.zeros(N), {}]
             self._cache[key] = e
         return e
 
     def _compute(self, rows, req, milli, e) -> None:
-        """Fill entry e (snap, value, gpu, delta) for ``rows`` where the request fits."""
+        """Fill entry e (snap, value, gpu, delta) for ``rows`` where the request fits. A node's
+        GPU and fragmentation decrease are a function of its row (``FragModel.row_key``) and of
+        the request's milli on it: with ``rows_kept``, a few rows are looked up among those
+        already worked out for the request (e[5]). The node values are then worked out for the
+        rows together, as before: numpy's ``exp`` may round an element differently by where it
+        falls in the array, and a value rounded the other way can tip a truncation."""
+        if (not self.rows_kept or len(rows) > FEW_ROWS
+                or (req.gpu_memory and req.num_gpus > 1)):  # (which way a batch of several
+            self._derive(rows, req, milli, e)  # memory-sized GPUs is worked out follows its first row)
+            return
+        fm, kept = self.model, e[5]
+        if len(kept) > KEPT_ROWS:
+            kept.clear()
+        gpu, delta = e[3], e[4]
+        missed, keys = [], []
+        for n in rows.tolist():
+            key = (fm.row_key(n), int(milli[n]))
+            hit = kept.get(key)
+            if hit is None:
+                missed.append(n)
+                keys.append(key)
+            else:
+                gpu[n], delta[n] = hit
+        if missed:
+            self._derive(np.array(missed, dtype=np.int64), req, milli, e)
+            for n, key in zip(missed, keys):
+                kept[key] = (gpu[n], delta[n])
+        e[2][rows] = self.node_value(delta[rows])
+        e[1][rows] = fm.version[rows]
+
+    def _derive(self, rows, req, milli, e) -> None:
         fm = self.model
         if req.num_gpus == 1:  # one GPU (share or whole): evaluate each GPU with room
             free = fm.gpu[rows]
@@ -376,6 +410,7 @@ class DefaultPlacement(_FragPolicy):
 
     name = "default"
     use_memory = True
+    rows_kept = True  # (``share_value`` is a difference)
     threshold = 0.95  # the most frequent shapes covering this share of pods
     route = True  # keep GPU models that model-constrained pods need for those pods
     pressure_slack = 3  # score points a GPU pod gives up to avoid a contested GPU model ...

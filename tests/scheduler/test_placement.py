@@ -290,6 +290,78 @@ def test_fragmentation_model_matches_definition_and_stays_in_sync(measure, beta,
                 assert after == pytest.approx(fm.after_rows(np.array([n]), r, 1000, GI)[0])
 
 
+def test_rows_looked_up_are_the_rows_worked_out():
+    """A node's row is looked up among the rows already worked out for a node of its class in the
+    same free state (``FragModel.row_key``); twins filled pod by pod with a few shapes pass
+    through few states, so most rows are looked up, and the tables stay those of a model that
+    works every row out afresh (a memory-sized share: nodes that differ only in GPU memory are
+    not twins)."""
+    rng = np.random.default_rng(7)
+    nodes = [NodeSpec(f"n{i}", 4, gpu_memory=(80 if i % 2 else 40) * GI, gpu_model="H100", cpu=32,
+                      memory=256 * GI) for i in range(48)]
+    state = ClusterState(nodes)
+    # (a frequent 0.81 share: its remainders are expected waste, so the waste sums are not 0)
+    shapes = SHAPES + [(PodRequest(1, 0, 20 * GI, 2000, 8 * GI), 1.0), (PodRequest(1, 810, 0, 2000, 8 * GI), 4.0)]
+
+    def model():
+        return FragModel(shapes, use_memory=True, measure="hybrid", beta=0.5, waste_weight=3.0)
+    fm = model()
+    fm.sync(state)
+    assert len(set(fm.node_class)) == 2  # the two GPU memory sizes
+    derived, real = [], fm._derive
+    fm._derive = lambda rows: (derived.append(len(rows)), real(rows))[1]
+    pol, synced = make_policy("default", shapes=shapes, seed=3), 0  # (packs: nodes fill alike)
+    asks = [PodRequest(1, 500, 0, 2000, 8 * GI), PodRequest(1, MILLI, 0, 4000, 16 * GI),
+            PodRequest(1, 0, 20 * GI, 2000, 8 * GI), PodRequest(1, 810, 0, 2000, 8 * GI)]  # a few shapes
+    for _ in range(240):  # (the nodes' 192 GPUs about four fifths full)
+        req = asks[int(rng.integers(len(asks)))]
+        c = pol.choose(state, req)
+        if c is None:
+            continue
+        state.take(c[0], c[1], c[2], req.cpu_milli, req.memory)
+        fm.sync(state)
+        synced += 1
+        if synced % 5 == 0:
+            fresh = model()
+            fresh.sync(state)
+            for name in ("tot", "cnt", "small", "slots"):
+                assert np.array_equal(getattr(fm, name), getattr(fresh, name)), (synced, name)
+            assert fm.F == pytest.approx(fresh.F) and fm.wsum == pytest.approx(fresh.wsum), synced
+    assert synced > 100 and sum(derived) < synced / 2, (synced, sum(derived))
+    assert fm.wsum.any()
+
+
+def test_choices_from_looked_up_rows_equal_fresh_choices():
+    """``default`` looks a node's best GPU and fragmentation decrease up by its row and the
+    request's milli there; on twins filled with a few shapes most are looked up, and every choice
+    is the one a fresh policy (working every node out) makes."""
+    rng = np.random.default_rng(11)
+    nodes = [NodeSpec(f"n{i}", 4, gpu_memory=(80 if i % 2 else 40) * GI, gpu_model="H100", cpu=32,
+                      memory=256 * GI) for i in range(40)]
+    state = ClusterState(nodes)
+    # no memory-sized typical shape: the twins of both GPU memory sizes are one class, and a
+    # memory-sized request's milli per GPU tells them apart
+    shapes = SHAPES + [(PodRequest(1, 810, 0, 2000, 8 * GI), 4.0)]
+    asks = [PodRequest(1, 500, 0, 2000, 8 * GI), PodRequest(1, 0, 20 * GI, 2000, 8 * GI),
+            PodRequest(1, 810, 0, 2000, 8 * GI), PodRequest(2, MILLI, 0, 4000, 16 * GI)]
+    live = make_policy("default", shapes=shapes, seed=4)
+    live.model.sync(state)
+    assert len(set(live.model.node_class)) == 1
+    asked, derived = [], []
+    real_compute, real_derive = live._compute, live._derive
+    live._compute = lambda rows, *a: (asked.append(len(rows)), real_compute(rows, *a))[1]
+    live._derive = lambda rows, *a: (derived.append(len(rows)), real_derive(rows, *a))[1]
+    for _ in range(200):
+        req = asks[int(rng.integers(len(asks)))]
+        a = live.choose(state, req)
+        assert a == make_policy("default", shapes=shapes, seed=4).choose(state, req)
+        if a:
+            state.take(a[0], a[1], a[2], req.cpu_milli, req.memory)
+    # (after each request's first look at every node: the nodes changed since its last choice)
+    asked, derived = [k for k in asked if k < len(nodes)], [k for k in derived if k < len(nodes)]
+    assert sum(derived) < sum(asked) / 2, (sum(asked), sum(derived))
+
+
 def test_cached_choices_equal_fresh_choices():
     """The per-shape cache (recomputing only changed nodes) never goes stale: a long-lived policy
     makes the same choices as a fresh one built for every pod."""
