@@ -36,7 +36,9 @@ from .model import MILLI
 _NEVER = MILLI + 1  # a per-GPU demand no GPU can meet
 _UNBOUNDED = np.iinfo(np.int64).max // 4  # pods a node has room for when a shape asks no CPU/memory
 FEW_ROWS = 64  # at most this many rows re-derived at once are looked up one by one (see ``_refresh``)
-KEPT_ROWS = 100_000  # rows worked out that a model keeps for lookups before it starts afresh
+KEPT_ROWS = 20_000  # rows a model keeps for lookups before it starts afresh (a few MB; a filling
+# cluster of 4,000 nodes passes through a few hundred)
+KEPT_CHOICES = 4_096  # per request, the nodes' best GPU and decrease a policy keeps the same way
 WASTE_RELIABLE = 0.02  # a GPU size class at least this frequent (share of pods) is counted on to arrive
 
 

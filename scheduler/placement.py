@@ -41,7 +41,7 @@ import numpy as np
 
 from .cluster import UNTRACKED as _UNTRACKED
 from .cluster import ClusterState, PodRequest
-from .fragmentation import FEW_ROWS, KEPT_ROWS, FragModel, normalise_shapes, per_gpu_milli
+from .fragmentation import FEW_ROWS, KEPT_CHOICES, FragModel, normalise_shapes, per_gpu_milli
 from .model import MILLI
 
 Choice = tuple[int, tuple[int, ...], int]
@@ -297,7 +297,7 @@ class _FragPolicy:
             self._derive(rows, req, milli, e)  # memory-sized GPUs is worked out follows its first row)
             return
         fm, kept = self.model, e[5]
-        if len(kept) > KEPT_ROWS:
+        if len(kept) > KEPT_CHOICES:
             kept.clear()
         gpu, delta = e[3], e[4]
         missed, keys = [], []
