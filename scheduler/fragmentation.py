@@ -26,7 +26,7 @@ Pure: numpy only, no I/O, no clock.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -105,6 +105,29 @@ def per_gpu_milli(state: ClusterState, req: PodRequest) -> np.ndarray:
         return np.maximum(m, 1).astype(np.int64)
     milli = req.milli if req.milli > 0 else MILLI
     return np.full(n, milli, dtype=np.int64)
+
+
+def look_up(rows: np.ndarray, kept: dict, bound: int, key_of: Callable[[int], tuple],
+            restore: Callable[[int, tuple], None], derive: Callable[[np.ndarray], None],
+            keep: Callable[[int], tuple]) -> None:
+    """Fill in ``rows``: those whose key (``key_of``) is in ``kept`` from there (``restore``), the
+    others worked out together (``derive``) and then kept (``keep``: what is kept of a row);
+    ``kept`` starts afresh once it holds more than ``bound``."""
+    if len(kept) > bound:
+        kept.clear()
+    missed, keys = [], []
+    for n in rows.tolist():
+        key = key_of(n)
+        hit = kept.get(key)
+        if hit is None:
+            missed.append(n)
+            keys.append(key)
+        else:
+            restore(n, hit)
+    if missed:
+        derive(np.array(missed, dtype=np.int64))
+        for n, key in zip(missed, keys):
+            kept[key] = keep(n)
 
 
 class FragModel:
@@ -266,25 +289,14 @@ class FragModel:
     def _refresh(self, rows: np.ndarray) -> None:
         if len(rows) > FEW_ROWS:
             self._derive(rows)
-            return
-        kept = self._rows
-        if len(kept) > KEPT_ROWS:
-            kept.clear()
-        missed, keys = [], []
-        for n in rows.tolist():
-            key = self.row_key(n)
-            hit = kept.get(key)
-            if hit is None:
-                missed.append(n)
-                keys.append(key)
-            else:
-                self.tot[n], self.cnt[n], self.small[n], self.slots[n], self.F[n], self.wsum[n] = hit
-        if missed:
-            at = np.array(missed, dtype=np.int64)
-            self._derive(at)
-            for n, key in zip(missed, keys):
-                kept[key] = (self.tot[n], self.cnt[n].copy(), self.small[n].copy(), self.slots[n].copy(),
-                             self.F[n], self.wsum[n])
+        else:
+            look_up(rows, self._rows, KEPT_ROWS, self.row_key, self._restore, self._derive, self._kept)
+
+    def _kept(self, n: int) -> tuple:
+        return self.tot[n], self.cnt[n].copy(), self.small[n].copy(), self.slots[n].copy(), self.F[n], self.wsum[n]
+
+    def _restore(self, n: int, kept: tuple) -> None:
+        self.tot[n], self.cnt[n], self.small[n], self.slots[n], self.F[n], self.wsum[n] = kept
 
     def _derive(self, rows: np.ndarray) -> None:
         tot, cnt, small, slots, F, wsum = self.rows_frag(rows, self.gpu[rows], self.cpu[rows], self.memf[rows])

@@ -41,7 +41,7 @@ import numpy as np
 
 from .cluster import UNTRACKED as _UNTRACKED
 from .cluster import ClusterState, PodRequest
-from .fragmentation import FEW_ROWS, KEPT_CHOICES, FragModel, normalise_shapes, per_gpu_milli
+from .fragmentation import FEW_ROWS, KEPT_CHOICES, FragModel, look_up, normalise_shapes, per_gpu_milli
 from .model import MILLI
 
 Choice = tuple[int, tuple[int, ...], int]
@@ -296,23 +296,12 @@ class _FragPolicy:
                 or (req.gpu_memory and req.num_gpus > 1)):  # (which way a batch of several
             self._derive(rows, req, milli, e)  # memory-sized GPUs is worked out follows its first row)
             return
-        fm, kept = self.model, e[5]
-        if len(kept) > KEPT_CHOICES:
-            kept.clear()
-        gpu, delta = e[3], e[4]
-        missed, keys = [], []
-        for n in rows.tolist():
-            key = (fm.row_key(n), int(milli[n]))
-            hit = kept.get(key)
-            if hit is None:
-                missed.append(n)
-                keys.append(key)
-            else:
-                gpu[n], delta[n] = hit
-        if missed:
-            self._derive(np.array(missed, dtype=np.int64), req, milli, e)
-            for n, key in zip(missed, keys):
-                kept[key] = (gpu[n], delta[n])
+        fm, gpu, delta = self.model, e[3], e[4]
+
+        def restore(n: int, kept: tuple) -> None:
+            gpu[n], delta[n] = kept
+        look_up(rows, e[5], KEPT_CHOICES, lambda n: (fm.row_key(n), int(milli[n])), restore,
+                lambda at: self._derive(at, req, milli, e), lambda n: (gpu[n], delta[n]))
         e[2][rows] = self.node_value(delta[rows])
         e[1][rows] = fm.version[rows]
 

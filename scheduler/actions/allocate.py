@@ -22,7 +22,7 @@ from ..cycle import SINCE, Candidate, Cycle, Statement, fits_on, queue_order
 from ..fairshare import EPS
 from ..model import MILLI, Phase, Workload
 from ..reasons import Code
-from ..waiting import by_queue, facts_of
+from ..waiting import by_queue, facts_of, raw_key
 
 
 _ID = operator.attrgetter("id")
@@ -114,11 +114,10 @@ def _bind_holders(ctx: Cycle) -> None:
     for r in (list(held) if ctx.reservations_in_order else sorted(held, key=SINCE)):  # (one per holder)
         w = by_id[r.workload]
         if w.phase is Phase.PENDING:  # (else moved by consolidation and still releasing: its new place stays held)
-            sel = w.node_selector
-            key = (w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, tuple(sorted(sel.items())) if sel else ())
+            key = raw_key(w)
             s = shapes.get(key)
             if s is None:
-                s = shapes[key] = _Shape(ctx, w, key[5])
+                s = shapes[key] = _Shape(ctx, w, key[5] if len(key) > 5 else ())
             todo.append((w, r, s))
     # the first probes of every single-pod holder at once, on the now view as it is before any
     # binds; a holder whose node a bind or a hold changed since is probed on its own
