@@ -191,7 +191,11 @@ class FragModel:
         if self._waste:
             parts.append(self._wid.reshape(-1, 1))
         if N:
-            self.node_class = np.unique(np.concatenate(parts, axis=1), axis=0, return_inverse=True)[1].reshape(-1).tolist()
+            # (each row's bytes as one value: a label per distinct row, an order of no meaning;
+            # ``np.unique(..., axis=0)`` gives the same classes ten times slower)
+            rows = np.ascontiguousarray(np.concatenate(parts, axis=1))
+            flat = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
+            self.node_class = np.unique(flat, return_inverse=True)[1].reshape(-1).tolist()
         else:
             self.node_class = []
         self._rows: dict[tuple, tuple] = {}  # (class, free GPU row, CPU, memory) -> its row's values
