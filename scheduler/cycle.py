@@ -332,9 +332,8 @@ class Cycle:
         else:
             self._take_all(held)
         self.future = self.now.copy()
-        for w in releasing:
-            for p in w.placements:
-                self.future.give_placement(p, w)
+        if releasing:  # what is being released is free in the future view (a new state: no log yet to keep)
+            self._give_all(self.future, releasing)
         self.future_version = 0  # bumped whenever the future view gains room
         cap = (float(self.now.num_gpus[self.now.schedulable].sum()),
                self._capacity(self.now.cpu_total) / MILLI, self._capacity(self.now.mem_total))
@@ -429,6 +428,19 @@ class Cycle:
             idx = np.array(pods)
             np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
             np.subtract.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
+        st.forget()
+
+    @staticmethod
+    def _give_all(st: ClusterState, ws: list[Workload]) -> None:
+        """Give every placement of ``ws`` back to ``st`` in one vectorised step (``give_placement``
+        one by one, less the change log: for a state no reader has seen yet)."""
+        keys, milli, pods, cpu, mem = takes(ws, st.index, st.gpu_free.shape[1])
+        if keys:
+            np.add.at(st.gpu_free.reshape(-1), np.array(keys, dtype=np.int64), np.array(milli, dtype=np.int64))
+        if pods:
+            idx = np.array(pods, dtype=np.int64)
+            np.add.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
+            np.add.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
         st.forget()
 
     def _rollup(self, leaf: dict[str, list[float]]) -> dict[str, Vec]:
