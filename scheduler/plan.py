@@ -973,13 +973,15 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
         if not vs or sum(m for _, m in vs) + int(free[n]) < need:
             continue
         if judge is not None:
+            # once a plan is found, what a search would refuse is not read: first whether the
+            # node can beat it at all (most nodes a walk goes on to cannot)
+            if best is not None and judge.cannot_beat(vs, need - int(free[n]), best[0][:3], n, best[2]):
+                continue
             refused = judge.hopeless(vs)
             if refused is not None:  # the search could only fail, leaving the budget so
                 budget.refused, budget.why = refused
                 owed = None
                 continue
-            if best is not None and judge.cannot_beat(vs, need - int(free[n]), best[0][:3], n, best[2]):
-                continue  # a plan is found: what the search would refuse is not read
             if judge.never_closer(vs):  # it could only fail too, by ``accepts``
                 owed = (n, vs)
                 continue
@@ -1096,10 +1098,35 @@ class _Refusals:
         bound of a plan's cost from them ranks behind ``best``: the fewest of them, largest first,
         that free what is missing, each losing at least the least work one loses here (less a
         hair, as ``_nodes_from_index``'s tighter bound); then the most over-quota queue among them
-        (of one victim alone: among those that free enough on their own and lose the least)."""
-        ctx = self.ctx
-        cost, over = ctx.victim_cost, ctx.over
-        least = min(cost(v) for v, _ in vs)
+        (of one victim alone: among those that free enough on their own and lose the least).
+
+        When the best plan takes one victim and loses no more work than that bound's least here
+        (the usual case: victims that checkpoint on the signal lose nothing), a plan here of two
+        or more victims ranks behind it, so only the victims that could make a better plan of one
+        are judged (``_beats_with_one``): the same answer, with fewer victims judged."""
+        least = min(map(self.ctx.victim_cost, (v for v, _ in vs)))
+        if best[1] == 1 and _least_lost(1, least) == best[0]:
+            return not self._beats_with_one(vs, short, least, best[2], n, best_n)
+        return self._cannot_beat_by_bound(vs, short, least, best, n, best_n)
+
+    def _beats_with_one(self, vs: list[tuple[Workload, int]], short: int, least: float, third: float, n: int,
+                        best_n: int) -> bool:
+        """Is one of ``vs`` a victim a search may take that frees what is short on its own, loses
+        the least work here (within the rounding of a plan's cost), and is of a queue further over
+        its fair share than the best plan's third place ``third`` (or as far, on an earlier node)?"""
+        cost, over = self.ctx.victim_cost, self.ctx.over
+        top = least + 1e-6
+        for v, m in vs:
+            if m >= short and cost(v) < top:
+                mine = -over(v.queue)
+                if (mine < third or (mine == third and n < best_n)) and self._takeable(v):
+                    return True
+        return False
+
+    def _cannot_beat_by_bound(self, vs: list[tuple[Workload, int]], short: int, least: float, best: tuple, n: int,
+                              best_n: int) -> bool:
+        """``cannot_beat`` by its bound, every victim judged."""
+        cost, over = self.ctx.victim_cost, self.ctx.over
         top = least + 1e-6
         sizes = []
         most = one = None

@@ -221,12 +221,14 @@ def test_nodes_a_walk_skips_are_judged_as_node_by_node(data, seed):
         _pruned_nodes_cannot_beat_the_plan(mp, data, seed)
 
 
-def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> int:
+def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> dict[str, int]:
     """Run the simulation with every node a reclaim's walk leaves unsearched once a plan is found
     (``_Refusals.cannot_beat``) searched anyway: the search finds nothing, or a plan no better than
-    the one found (its cost, then its node). Returns how many nodes were checked."""
+    the one found (its cost, then its node); and every answer the same as the bound's with every
+    victim judged. Returns how many nodes were left and checked, and how many were judged by
+    the best plan's one victim (``_Refusals._beats_with_one``)."""
     from gpupool.scheduler.cycle import fits_on
-    checked = []
+    checked, by_one = [], []  # nodes left and searched anyway; nodes judged by one-victim plans
     plans = []  # the candidate (and GPUs to free) of the plan being made
     real_single, real_beat = plan._plan_single, plan._Refusals.cannot_beat
 
@@ -239,6 +241,11 @@ def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> in
 
     def cannot_beat(self, vs, short, best, n, best_n):
         out = real_beat(self, vs, short, best, n, best_n)
+        # the answer from the one-victim victims alone is the bound's, every victim judged
+        least = min(self.ctx.victim_cost(v) for v, _ in vs)
+        assert out == self._cannot_beat_by_bound(vs, short, least, best, n, best_n)
+        if best[1] == 1 and plan._least_lost(1, least) == best[0]:
+            by_one.append(n)
         if out:
             ctx, b = self.ctx, self.budget
             c, need_freed = plans[-1]
@@ -253,7 +260,7 @@ def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> in
     monkeypatch.setattr(plan, "_plan_single", single)
     monkeypatch.setattr(plan._Refusals, "cannot_beat", cannot_beat)
     report_text(data, seed)
-    return len(checked)
+    return {"checked": len(checked), "by one": len(by_one)}
 
 
 def _churn(nodes: int, queues: int, workloads: int) -> dict:
@@ -270,10 +277,12 @@ def test_a_churn_walk_leaves_nodes_that_cannot_beat_its_plan(monkeypatch):
     """The benchmark's churning cluster, small: queues below their fair share reclaim from
     borrowers whose workloads save on signal (every victim loses no work, so plans rank by how
     few victims they take and how far above its share their queue is). Once a plan is found,
-    the walk leaves nodes that cannot beat it, each checked by searching it anyway; the
-    simulation decides the same as with the shortcuts off."""
+    the walk leaves nodes that cannot beat it, each checked by searching it anyway (and mostly
+    judged by the best plan's one victim); the simulation decides the same as with the shortcuts
+    off."""
     data = _churn(50, 40, 1500)
-    assert _pruned_nodes_cannot_beat_the_plan(monkeypatch, data, 0) > 0
+    seen = _pruned_nodes_cannot_beat_the_plan(monkeypatch, data, 0)
+    assert seen["checked"] > 0 and seen["by one"] > 0
     monkeypatch.undo()
     fast = report_text(data, 0)
     monkeypatch.setattr(cycle, "SHORTCUTS", False)
