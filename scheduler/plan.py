@@ -1082,12 +1082,14 @@ class _Refusals:
         that side instead); the fair-share rule's other refusals only tighten as victims go."""
         hit = self.takeable.get(v.id)
         if hit is None:
-            refused = self._may_go_first(v)
-            if refused is None or refused[1].get("rule") == "priority":
-                hit = True
+            _, over, held, guar, before, guaranteed, _ = self.budget._side(v.queue)
+            if guaranteed and held > guar + EPS:
+                hit = True  # (allowed first or refused by the guarantee rule: either way takeable)
+            elif not over > before + EPS:
+                hit = False  # its side is no better off than the reclaimer's: the fair-share rule refuses it first
             else:
-                _, _, held, guar, _, guaranteed, _ = self.budget._side(v.queue)
-                hit = guaranteed and held > guar + EPS
+                refused = self._may_go_first(v)
+                hit = refused is None or refused[1].get("rule") == "priority"
             self.takeable[v.id] = hit
         return hit
 

@@ -224,8 +224,9 @@ def test_nodes_a_walk_skips_are_judged_as_node_by_node(data, seed):
 def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> dict[str, int]:
     """Run the simulation with every node a reclaim's walk leaves unsearched once a plan is found
     (``_Refusals.cannot_beat``) searched anyway: the search finds nothing, or a plan no better than
-    the one found (its cost, then its node); and every answer the same as the bound's with every
-    victim judged. Returns how many nodes were left and checked, and how many were judged by
+    the one found (its cost, then its node); every answer the same as the bound's with every
+    victim judged; and whether a search could take a victim the same as the budget's own first
+    judgement of it says. Returns how many nodes were left and checked, and how many were judged by
     the best plan's one victim (``_Refusals._beats_with_one``)."""
     from gpupool.scheduler.cycle import fits_on
     checked, by_one = [], []  # nodes left and searched anyway; nodes judged by one-victim plans
@@ -257,8 +258,20 @@ def _pruned_nodes_cannot_beat_the_plan(monkeypatch, data: dict, seed: int) -> di
             checked.append(n)
         return out
 
+    real_takeable = plan._Refusals._takeable
+
+    def takeable(self, v):
+        """As the budget's own first judgement of ``v`` says (the side-level answers agree)."""
+        out = real_takeable(self, v)
+        refused = self._may_go_first(v)
+        _, _, held, guar, _, guaranteed, _ = self.budget._side(v.queue)
+        assert out == (refused is None or refused[1].get("rule") == "priority"
+                       or (guaranteed and held > guar + plan.EPS))
+        return out
+
     monkeypatch.setattr(plan, "_plan_single", single)
     monkeypatch.setattr(plan._Refusals, "cannot_beat", cannot_beat)
+    monkeypatch.setattr(plan._Refusals, "_takeable", takeable)
     report_text(data, seed)
     return {"checked": len(checked), "by one": len(by_one)}
 
