@@ -1079,7 +1079,10 @@ class _Refusals:
         """Could a search take ``v`` at some point? Only if the budget lets it go first, or it is
         refused for a lower-priority workload of its queue that the same plan may take, or its
         side is one the guarantee rule takes from (as victims go, the fair-share rule may judge
-        that side instead); the fair-share rule's other refusals only tighten as victims go."""
+        that side instead); the fair-share rule's other refusals only tighten as victims go.
+        Where its side decides, the side answers without a judgement of ``v``: yes on a side the
+        guarantee rule takes from, no on a side no better off than the reclaimer's (the
+        fair-share rule refuses all its victims first)."""
         hit = self.takeable.get(v.id)
         if hit is None:
             _, over, held, guar, before, guaranteed, _ = self.budget._side(v.queue)
