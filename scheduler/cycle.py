@@ -434,9 +434,11 @@ class Cycle:
     def _give_all(st: ClusterState, ws: list[Workload]) -> None:
         """Give every placement of ``ws`` back to ``st`` in one vectorised step (``give_placement``
         one by one, less the change log: for a state no reader has seen yet)."""
-        keys, milli, pods, cpu, mem = takes(ws, st.index, st.gpu_free.shape[1])
+        width = st.gpu_free.shape[1]
+        keys, milli, pods, cpu, mem = takes(ws, st.index, width)
         if keys:
-            np.add.at(st.gpu_free.reshape(-1), np.array(keys, dtype=np.int64), np.array(milli, dtype=np.int64))
+            at = np.divmod(np.array(keys, dtype=np.int64), width)  # (node, GPU)
+            np.add.at(st.gpu_free, at, np.array(milli, dtype=np.int64))
         if pods:
             idx = np.array(pods, dtype=np.int64)
             np.add.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
