@@ -18,6 +18,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from source_tree import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 HUB_EXT = ROOT / "hub_ext"
@@ -42,7 +43,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The modules of ``known`` that module ``name`` (its file: ``path``) imports, anywhere in it."""
     is_package = path.name == "__init__.py"
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

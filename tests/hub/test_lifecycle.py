@@ -12,6 +12,7 @@ from gpupool import contract as C
 from gpupool.backends.base import EXITED, LOST, RunState
 from gpupool.contract import StopCause
 from gpupool.hub_ext.domain import lifecycle as L
+from source_tree import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOC = [{"pod": 0, "node": "box", "gpus": [0], "fraction": 1.0}]
@@ -201,7 +202,7 @@ def test_only_the_lifecycle_writes_statuses_and_reasons():
     for path in sorted((ROOT / "hub_ext").rglob("*.py")):
         if path.name == "lifecycle.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path.read_text(), str(path))):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, (ast.AugAssign, ast.AnnAssign)) else []
             for t in targets:

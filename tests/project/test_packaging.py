@@ -5,6 +5,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from source_tree import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +60,7 @@ def test_scheduler_core_is_pure():
     assert ROOT / "scheduler" / "actions" / "allocate.py" in paths
     for path in paths:
         depth = len(path.relative_to(ROOT / "scheduler").parts) - 1  # 0: scheduler/x.py, 1: scheduler/actions/x.py
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):

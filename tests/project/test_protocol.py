@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupool import checkpoint, contract, protocol as P
+from source_tree import parse
 from gpupool.backends import kube_manifests as km
 from gpupool.backends.base import JobSpec
 from gpupool.protocol import Env
@@ -212,7 +213,7 @@ def spelled_out(source: str) -> list[str]:
     of them (``env["GPUPOOL_JOB_ID"]``), a keyword argument (``env.update(GPUPOOL_GPUS=...)``) or
     a name. Comments and docstrings that mention one are prose, not a use."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             name = node.value
         elif isinstance(node, ast.keyword):
