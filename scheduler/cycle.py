@@ -330,10 +330,10 @@ class Cycle:
             st.mem_free -= hb.mem
             st.forget()
         else:
-            self._take_all(held)
+            self._move_all(self.now, held, -1)  # every held workload's resources, taken from the now view
         self.future = self.now.copy()
         if releasing:  # what is being released is free in the future view (a new state: no log yet to keep)
-            self._give_all(self.future, releasing)
+            self._move_all(self.future, releasing, +1)
         self.future_version = 0  # bumped whenever the future view gains room
         cap = (float(self.now.num_gpus[self.now.schedulable].sum()),
                self._capacity(self.now.cpu_total) / MILLI, self._capacity(self.now.mem_total))
@@ -416,33 +416,20 @@ class Cycle:
             pol = self.policies[view] = make_policy(self.cfg.placement, shapes=self.shapes, seed=self.cfg.seed)
         return pol
 
-    def _take_all(self, held: list[Workload]) -> None:
-        """Take every held workload's resources from the ``now`` view in one vectorised step."""
-        st = self.now
-        width = st.gpu_free.shape[1]
-        keys, milli, pods, cpu, mem = takes(held, st.index, width)
-        if keys:
-            at = np.divmod(np.array(keys, dtype=np.int64), width)  # (node, GPU)
-            np.subtract.at(st.gpu_free, at, np.array(milli, dtype=np.int64))
-        if pods:
-            idx = np.array(pods)
-            np.subtract.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
-            np.subtract.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
-        st.forget()
-
     @staticmethod
-    def _give_all(st: ClusterState, ws: list[Workload]) -> None:
-        """Give every placement of ``ws`` back to ``st`` in one vectorised step (``give_placement``
-        one by one, less the change log: for a state no reader has seen yet)."""
+    def _move_all(st: ClusterState, ws: list[Workload], sign: int) -> None:
+        """Take (``sign`` -1) or give back (+1) every placement of ``ws`` on ``st`` in one
+        vectorised step (``take_placement``/``give_placement`` one by one, less the change log:
+        for a view as it is being made, before any reader has seen it)."""
         width = st.gpu_free.shape[1]
         keys, milli, pods, cpu, mem = takes(ws, st.index, width)
         if keys:
             at = np.divmod(np.array(keys, dtype=np.int64), width)  # (node, GPU)
-            np.add.at(st.gpu_free, at, np.array(milli, dtype=np.int64))
+            np.add.at(st.gpu_free, at, sign * np.array(milli, dtype=np.int64))
         if pods:
             idx = np.array(pods, dtype=np.int64)
-            np.add.at(st.cpu_free, idx, np.array(cpu, dtype=np.int64))
-            np.add.at(st.mem_free, idx, np.array(mem, dtype=np.int64))
+            np.add.at(st.cpu_free, idx, sign * np.array(cpu, dtype=np.int64))
+            np.add.at(st.mem_free, idx, sign * np.array(mem, dtype=np.int64))
         st.forget()
 
     def _rollup(self, leaf: dict[str, list[float]]) -> dict[str, Vec]:
