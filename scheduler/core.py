@@ -25,7 +25,7 @@ from .actions.reclaim import reclaim
 from .cycle import SINCE, Candidate, Cycle
 from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, SchedulerConfig, Snapshot
 from .placement import make_policy
-from .pools import PooledCycle, is_pooled
+from .pools import PooledCycle, is_pooled, naming_pools
 from .reasons import Code, Pending
 from .waiting import WaitingBook
 
@@ -53,13 +53,16 @@ class Scheduler:
         self._waiting: WaitingBook | None = None
         # the same per node pool (pools.py): pool -> (its book, the ids its snapshot held)
         self._pool_books: dict[str, tuple[WaitingBook, set[str]]] = {}
+        # the ids of the workloads that name node pools, kept the same way (``pools.naming_pools``)
+        self._naming: set[str] | None = None
         self.book_mismatches = 0  # cycles whose kept book the snapshot's changes left wrong (made afresh)
         self.timer = timer
 
     def schedule(self, snapshot: Snapshot) -> CycleResult:
         kept, self._waiting = self._waiting, None  # (kept again only once this cycle is through)
         pool_books, self._pool_books = self._pool_books, {}
-        if is_pooled(snapshot):
+        self._naming = naming = naming_pools(snapshot, self._naming)
+        if is_pooled(snapshot, naming):
             return PooledCycle(snapshot, self, pool_books).run()  # (it keeps them again once through)
         if any(q.pools for q in snapshot.queues):  # one pool, `default`: its quota may be in `pools`
             snapshot = dataclasses.replace(snapshot, queues=[q.in_pool(DEFAULT_POOL) for q in snapshot.queues])

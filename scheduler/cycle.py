@@ -221,7 +221,7 @@ class Cycle:
         changes = snap.changes
         kept = waiting is not None and waiting.key == book_key and changes is not None
         ws = self.workloads = snap.workloads
-        self.by_id = dict(zip(map(_ID, ws), ws))
+        self.by_id = snap.by_id if snap.by_id is not None else dict(zip(map(_ID, ws), ws))
         # the workloads of known queues: all of the snapshot's when all of the last one's were
         # (the kept book says) and none changed names another queue (not looked for again)
         if not (kept and waiting.all_known and all(self.by_id[c].queue in known for c in changes if c in self.by_id)):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from .reasons import Code, Pending
 
@@ -201,6 +202,11 @@ class Snapshot:
     # unchanged). The Scheduler then keeps what it works out of the workloads (waiting.py,
     # held.py) and updates it for these alone. None: not known (everything is worked out afresh)
     changes: frozenset[str] | None = None
+    # the workloads by id (the very objects of ``workloads``), when the adapter keeps such a map
+    # from cycle to cycle: the core reads it, during the cycle only, instead of indexing every
+    # workload of the snapshot again (at 80,000 workloads that pass alone was about 4% of a
+    # cycle). None: the core indexes them itself
+    by_id: Mapping[str, Workload] | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections import Counter
+from typing import Collection
 
 from .fairshare import EPS
 from .model import DEFAULT_POOL, RESOURCES, CycleResult, Phase, Snapshot, Workload
@@ -41,15 +42,37 @@ def pool_names(snap: Snapshot) -> list[str]:
     return sorted({n.pool for n in snap.nodes}) or [DEFAULT_POOL]
 
 
-def is_pooled(snap: Snapshot) -> bool:
+def is_pooled(snap: Snapshot, naming: Collection[str] | None = None) -> bool:
     """Does this snapshot need the pooled cycle? (One pool named ``default`` and no workload naming
-    pools: the plain cycle, exactly as before pools existed.)"""
+    pools: the plain cycle, exactly as before pools existed.) ``naming``: the ids of the workloads
+    that name pools, when they are known (``naming_pools``); else every workload is looked at."""
     pools = {n.pool for n in snap.nodes}
     if pools - {DEFAULT_POOL}:
         return True
+    if naming is not None:
+        by_id = snap.by_id
+        return any(by_id[wid].phase is Phase.PENDING for wid in naming)
     if not any(map(_POOLS, snap.workloads)):  # (read in C: no workload names pools, the usual case)
         return False
     return any(w.pools for w in snap.workloads if w.phase is Phase.PENDING)
+
+
+def naming_pools(snap: Snapshot, kept: set[str] | None) -> set[str] | None:
+    """The ids of the workloads of ``snap`` that name node pools, worked out from ``kept`` (those
+    of the last snapshot; None: not known) and the changes alone, when the snapshot names its
+    changes and indexes its workloads (``Snapshot.by_id``); else None. ``kept`` is updated."""
+    if snap.changes is None or snap.by_id is None:
+        return None
+    if kept is None:
+        return {w.id for w in snap.workloads if w.pools}
+    by_id = snap.by_id
+    for wid in snap.changes:
+        w = by_id.get(wid)
+        if w is not None and w.pools:
+            kept.add(wid)
+        else:
+            kept.discard(wid)
+    return kept
 
 
 def _amount(w: Workload, max_mem: int) -> Vec:

@@ -282,6 +282,7 @@ class Engine:
         self._heap: list[tuple] = []
         self._seq = 0
         self._active: dict[int, SimWorkload] = {}  # submitted, not ended, in submit order
+        self._by_id: dict[str, Workload] = {}  # their workloads by id (handed to the scheduler: Snapshot.by_id)
         # ids of the workloads submitted, ended or changed since the last snapshot: the snapshot's
         # ``changes``, so that the scheduler updates what it keeps of the pending ones for these alone
         self._changed: set[str] = set()
@@ -388,6 +389,7 @@ class Engine:
                 return
             sw.state = "pending"
             self._active[sw.index] = sw
+            self._by_id[w.id] = w
             self._changed.add(w.id)
         elif kind == "finish":
             self._free(sw, t)
@@ -396,6 +398,7 @@ class Engine:
             sw.run_start = None
             sw.version += 1
             del self._active[sw.index]
+            del self._by_id[sw.w.id]
             self._changed.add(sw.w.id)
             self._ended += 1
             self._event(t, "finish", sw, "completed")
@@ -541,7 +544,7 @@ class Engine:
         self._changed = set()  # (each snapshot is handed to the scheduler: see _cycle)
         return Snapshot(now=t, nodes=self.nodes, queues=self.scenario.queues,
                         workloads=[sw.w for sw in self._active.values()], reservations=self.reservations,
-                        usage=usage, changes=frozenset(changed))
+                        usage=usage, changes=frozenset(changed), by_id=self._by_id)
 
     def allocated_by_pool(self) -> dict[str, dict[str, float]]:
         """GPUs held right now per pool and queue, departments summing their children."""

@@ -202,6 +202,7 @@ class CycleWorker:
         queues = list(self.config.queues)
         workloads: list[SWorkload] = []
         by_id: dict[str, Any] = {}
+        models: dict[str, SWorkload] = {}  # the same workloads by id, for the core (``Snapshot.by_id``)
         # what changed since the last snapshot the scheduler decided (none known if it decided
         # none): the workloads made afresh (holders whose row changed, queued ones), those that
         # held GPUs then and do not now, those no longer queued
@@ -240,6 +241,7 @@ class CycleWorker:
                 changes.add(w.id)
             held_kept[row.id] = (values, queue, w)
             workloads.append(w)
+            models[w.id] = w
             by_id[w.id] = row
             held_now.add(w.id)
             views.setdefault(row.queue, QueueView()).running += 1
@@ -253,6 +255,7 @@ class CycleWorker:
                     changes.add(cache[row.id].id)
             fresh[row.id] = w
             workloads.append(w)
+            models[w.id] = w
             by_id[w.id] = row
             views.setdefault(row.queue, QueueView()).pending += 1
         changes.update(w.id for rid, w in cache.items() if rid not in fresh)  # no longer queued
@@ -269,7 +272,8 @@ class CycleWorker:
         self._nodes = {n.name: n for n in node_list}
         return Snapshot(now=now, nodes=node_list, queues=queues, workloads=workloads,
                         reservations=list(reservations),
-                        changes=frozenset(changes) if self._held_ids is not None else None), by_id, views
+                        changes=frozenset(changes) if self._held_ids is not None else None,
+                        by_id=models), by_id, views
 
     def explain(self, s: Any, result: CycleResult, by_id: dict[str, Any]) -> int:
         """Store each waiting workload's reason (the sentence is made only when its reason changed);

@@ -329,8 +329,9 @@ def _apply(url: str, result, now: float, step: int) -> None:
 
 
 def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatch):
-    """The worker names what changed since the last snapshot it had decided (``Snapshot.changes``),
-    so the scheduler keeps its book of the queued workloads: over cycles with binds, evictions,
+    """The worker names what changed since the last snapshot it had decided (``Snapshot.changes``)
+    and indexes the snapshot's workloads (``Snapshot.by_id``), so the scheduler keeps its book of
+    the queued workloads: over cycles with binds, evictions,
     arrivals, cancellations and ends carried out in between, the same decisions as a worker whose
     snapshots name nothing, with no change missed (the book never disagrees with the snapshot);
     holders whose row is unchanged are not named (their model objects are kept)."""
@@ -347,8 +348,11 @@ def test_the_worker_names_what_changed_and_decides_the_same(tmp_path, monkeypatc
     changes: list = []
 
     def schedule(self, snapshot):
+        # the worker indexes the snapshot's workloads for the core, object for object
+        assert snapshot.by_id is not None and len(snapshot.by_id) == len(snapshot.workloads)
+        assert all(snapshot.by_id[w.id] is w for w in snapshot.workloads)
         if self._blind:
-            snapshot = dataclasses.replace(snapshot, changes=None)
+            snapshot = dataclasses.replace(snapshot, changes=None, by_id=None)
         else:
             changes.append((snapshot.changes, {w.id for w in snapshot.workloads if w.placements}))
         out = real(self, snapshot)

@@ -93,15 +93,20 @@ def _same_with_and_without_changes(data: dict, seed: int) -> None:
     real = Scheduler.schedule
 
     def checked(self, snapshot):
+        # the simulator's index of its workloads is the snapshot's, object for object
+        assert snapshot.by_id is not None and len(snapshot.by_id) == len(snapshot.workloads)
+        assert all(snapshot.by_id[w.id] is w for w in snapshot.workloads)
         out = real(self, snapshot)
         assert self.book_mismatches == 0  # the simulator named every change
+        # the ids that name pools, kept from the changes alone, are those a full look finds
+        assert self._naming == {w.id for w in snapshot.workloads if w.pools}
         return out
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Scheduler, "schedule", checked)
         kept = report_text(data, seed)
 
     def blind(self, snapshot):
-        return real(self, dataclasses.replace(snapshot, changes=None))
+        return real(self, dataclasses.replace(snapshot, changes=None, by_id=None))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Scheduler, "schedule", blind)
         fresh = report_text(data, seed)
