@@ -37,10 +37,17 @@ with a growing prefix of the action list (allocate; + consolidate; + reclaim; + 
 ``--repeat N`` replays the churn, pooled and scale shapes N times each, taking turns, and prints
 the median of every figure with each run's p50 beside it: on a shared machine whole runs of the
 same code differ by up to 20%, more than most changes a session makes.
+
+``--split`` (scale) also times the parts of the cycle (``SPLIT``: the context and its intake of
+reservations, allocate with its holders and its pass over the pending workloads, reclaim with its
+plans, preempt, ``wait_all``), CPU ms a cycle over the whole replay, at both sizes with the ratio
+of each: the parts whose ratio is above ``--scale`` + 1 are where the cycle outgrows the cluster.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import statistics
 import sys
@@ -209,6 +216,54 @@ def pooled_scenario(data: dict, seed: int) -> dict:
     return data
 
 
+# the parts ``--split`` times: name -> (module, attribute path) of the function wrapped where the
+# core looks it up
+SPLIT = {
+    "context": ("gpupool.scheduler.core", "Scheduler.start"),
+    "intake": ("gpupool.scheduler.cycle", "take_in"),
+    "allocate": ("gpupool.scheduler.core", "ACTIONS.allocate"),
+    "holders": ("gpupool.scheduler.actions.allocate", "_bind_holders"),
+    "allocate pass": ("gpupool.scheduler.actions.allocate", "_allocate_pass"),
+    "reclaim": ("gpupool.scheduler.core", "ACTIONS.reclaim"),
+    "plans": ("gpupool.scheduler.actions.reclaim", "plan"),
+    "preempt": ("gpupool.scheduler.core", "ACTIONS.preempt"),
+    "wait_all": ("gpupool.scheduler.cycle", "Cycle.wait_all"),
+}
+
+
+@contextlib.contextmanager
+def split_timer():
+    """While open, the ``SPLIT`` functions add their CPU seconds to the dict it yields."""
+    spent: dict[str, float] = {}
+    undo = []
+    for name, (module, path) in SPLIT.items():
+        owner = importlib.import_module(module)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = owner[part] if isinstance(owner, dict) else getattr(owner, part)
+        real = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
+
+        def timed(*a, _real=real, _name=name, **kw):
+            c0 = time.process_time()
+            try:
+                return _real(*a, **kw)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.process_time() - c0
+        if isinstance(owner, dict):
+            owner[attr] = timed
+        else:
+            setattr(owner, attr, timed)
+        undo.append((owner, attr, real))
+    try:
+        yield spent
+    finally:
+        for owner, attr, real in reversed(undo):
+            if isinstance(owner, dict):
+                owner[attr] = real
+            else:
+                setattr(owner, attr, real)
+
+
 class _CpuTimed(Scheduler):
     """The real scheduler, also noting the CPU time of each cycle (on a shared machine the wall
     time of a cycle includes waiting for a core)."""
@@ -236,7 +291,8 @@ def run_churn(args, pooled: bool = False) -> dict:
     engine = Engine(parse_scenario(data, "pooled" if pooled else "churn"), args.seed)
     scheduler = engine.scheduler = _CpuTimed(engine.scheduler.config, timer=engine.scheduler.timer)
     c0, t0 = time.process_time(), time.perf_counter()
-    engine.run()
+    with split_timer() if getattr(args, "split", False) else contextlib.nullcontext({}) as spent:
+        engine.run()
     report = build_report(engine, wall_seconds=time.perf_counter() - t0)
     timing = report["timing"]
     cpu = scheduler.cpu_ms
@@ -244,7 +300,9 @@ def run_churn(args, pooled: bool = False) -> dict:
             "cycles": report["metrics"]["scheduling_cycles"], "preemptions": report["metrics"]["preemptions"],
             "cycle_ms": timing["cycle_ms"], "actions_ms": timing.get("actions_ms", {}),
             "cycle_cpu_ms": {"p50": round(pct(cpu, 50), 1), "p95": round(pct(cpu, 95), 1), "max": round(max(cpu), 1)},
-            "cpu_seconds": round(time.process_time() - c0, 1)}
+            "cpu_seconds": round(time.process_time() - c0, 1),
+            **({"split_ms": {k: round(spent.get(k, 0.0) * 1e3 / len(cpu), 1) for k in SPLIT}}
+               if getattr(args, "split", False) else {})}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -259,6 +317,8 @@ def median_run(runs: list[dict]) -> dict:
         out["actions_ms"] = {a: {k: med([r["actions_ms"][a][k] for r in runs if a in r["actions_ms"]]) for k in v}
                              for a, v in runs[0]["actions_ms"].items()}
         out["cpu_seconds"] = med([r["cpu_seconds"] for r in runs])
+        if "split_ms" in runs[0]:
+            out["split_ms"] = {k: med([r["split_ms"][k] for r in runs]) for k in runs[0]["split_ms"]}
     out["runs_p50"] = [r["cycle_cpu_ms"]["p50"] for r in runs]
     return out
 
@@ -286,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="busy,steady,churn,pooled", help="which shapes to time (comma-separated)")
     ap.add_argument("--until", type=float, default=60.0, help="churn: seconds of simulated time")
     ap.add_argument("--scale", type=int, default=4, help="scale: how many times as large the second size is")
+    ap.add_argument("--split", action="store_true",
+                    help="scale: also time the parts of the cycle at both sizes, with the ratio of each")
     ap.add_argument("--repeat", type=int, default=1,
                     help="churn, pooled, scale: replay each this many times, the shapes (or sizes) taking turns, "
                          "and report the median of each figure over the runs (a shared machine's runs differ by 20%%)")
@@ -399,6 +461,11 @@ def _print_scale(r: dict, scale: int) -> None:
               f"p95 {cc['p95']:.1f} ms, max {cc['max']:.1f} ms{_spread(x)}")
         print("        per action p50/p95/max: " + ", ".join(
             f"{a} {v['p50']:.0f}/{v['p95']:.0f}/{v['max']:.0f}" for a, v in x["actions_ms"].items()))
+    if "split_ms" in large:
+        ls, ss = large["split_ms"], small["split_ms"]
+        print("        parts, CPU ms a cycle (small / large, ratio; goal <= " + f"{scale + 1}" + "): " + ", ".join(
+            f"{k} {ss[k]:.1f} / {ls[k]:.1f} ({ls[k] / ss[k]:.1f})" if ss[k] else f"{k} {ss[k]:.1f} / {ls[k]:.1f}"
+            for k in SPLIT))
     lc, sc = large["cycle_cpu_ms"], small["cycle_cpu_ms"]
     ratio = lc["p50"] / max(sc["p50"], 1e-9)
     verdict = lambda ok: "OK" if ok else "ABOVE GOAL"  # noqa: E731

@@ -33,6 +33,28 @@ def test_the_scale_shape_prints_the_spread_of_its_runs(capsys):
     assert "ratio large/small at p50" in text
 
 
+def test_the_scale_shape_splits_the_cycle_into_its_parts(capsys):
+    """``--split`` times the parts of the cycle at both sizes: each part's CPU ms a cycle, no more
+    than the whole cycle's, the plans within reclaim, and the functions put back afterwards."""
+    from gpupool.scheduler import core
+    from gpupool.scheduler.actions import reclaim
+
+    real = (core.ACTIONS["reclaim"], reclaim.plan, core.Scheduler.start)
+    args = ["--shapes", "scale", "--nodes", "8", "--queues", "2", "--workloads", "60", "--until", "10",
+            "--scale", "2", "--split"]
+    assert cycle_speed.main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["scale"]
+    for size in ("small", "large"):
+        parts, cycle = out[size]["split_ms"], out[size]["cycle_cpu_ms"]
+        assert set(parts) == set(cycle_speed.SPLIT)
+        assert parts["allocate"] > 0 and parts["context"] > 0
+        assert parts["plans"] <= parts["reclaim"] + 0.1 and parts["allocate pass"] <= parts["allocate"] + 0.1
+        assert parts["allocate"] <= cycle["max"]
+    assert (core.ACTIONS["reclaim"], reclaim.plan, core.Scheduler.start) == real
+    assert cycle_speed.main(args) == 0
+    assert "parts, CPU ms a cycle (small / large, ratio; goal <= 3): context" in capsys.readouterr().out
+
+
 def test_a_repeat_below_one_is_refused(capsys):
     with pytest.raises(SystemExit):
         cycle_speed.main(["--shapes", "churn", "--repeat", "0"])
