@@ -665,7 +665,8 @@ class _VictimIndex:
             vid = book.vid
             ctx._vcost.update(zip(map(vid.__getitem__, live.tolist()), cost_s[live].tolist()))
         # by node, the largest share first (``_nodes_from_index`` counts the fewest victims needed)
-        order = np.lexsort((-book.e_milli, book.e_col))
+        top = int(book.e_milli.max()) if len(book.e_milli) else 0
+        order = _stable_order(book.e_col, top - book.e_milli, top + 1)
         cols = book.e_col[order]
         self.slot = book.e_slot[order]
         self.milli = book.e_milli[order]
@@ -866,6 +867,13 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
         yield item(held_back)
     if held_closer >= 0:
         yield item(held_closer)
+
+
+def _stable_order(primary: np.ndarray, secondary: np.ndarray, width: int) -> np.ndarray:
+    """``np.lexsort((secondary, primary))`` for non-negative integers, ``secondary`` below
+    ``width``: one stable sort of a combined key, which comes nearly sorted here (entries by node),
+    some twenty times faster than the two-key sort."""
+    return np.argsort(primary.astype(np.int64) * width + secondary, kind="stable")
 
 
 def _fewest(sizes: Iterable[int], short: int) -> int:
@@ -1306,7 +1314,7 @@ class _Skip:
         nl = len(f.levels)
         s_e = se[at]
         g = idx.run_of[at] * nl + f.level[s_e]
-        order = np.lexsort((s_e, g))
+        order = _stable_order(g, s_e, len(idx.qn))
         g, s_e, a, o = g[order], s_e[order], amt[at][order], f.over[s_e][order]
         opens = np.ones(len(g), dtype=bool)
         opens[1:] = g[1:] != g[:-1]
