@@ -240,8 +240,8 @@ def split_timer():
         owner = importlib.import_module(module)
         *outer, attr = path.split(".")
         for part in outer:
-            owner = owner[part] if isinstance(owner, dict) else getattr(owner, part)
-        real = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
+            owner = _get(owner, part)
+        real = _get(owner, attr)
 
         def timed(*a, _real=real, _name=name, **kw):
             c0 = time.process_time()
@@ -249,19 +249,25 @@ def split_timer():
                 return _real(*a, **kw)
             finally:
                 spent[_name] = spent.get(_name, 0.0) + time.process_time() - c0
-        if isinstance(owner, dict):
-            owner[attr] = timed
-        else:
-            setattr(owner, attr, timed)
+        _put(owner, attr, timed)
         undo.append((owner, attr, real))
     try:
         yield spent
     finally:
         for owner, attr, real in reversed(undo):
-            if isinstance(owner, dict):
-                owner[attr] = real
-            else:
-                setattr(owner, attr, real)
+            _put(owner, attr, real)
+
+
+def _get(owner, name: str):
+    """An entry of a dict (``ACTIONS``) or an attribute of a module or class."""
+    return owner[name] if isinstance(owner, dict) else getattr(owner, name)
+
+
+def _put(owner, name: str, value) -> None:
+    if isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
 
 
 class _CpuTimed(Scheduler):
@@ -290,8 +296,9 @@ def run_churn(args, pooled: bool = False) -> dict:
         data = pooled_scenario(data, args.seed)
     engine = Engine(parse_scenario(data, "pooled" if pooled else "churn"), args.seed)
     scheduler = engine.scheduler = _CpuTimed(engine.scheduler.config, timer=engine.scheduler.timer)
+    split = getattr(args, "split", False)
     c0, t0 = time.process_time(), time.perf_counter()
-    with split_timer() if getattr(args, "split", False) else contextlib.nullcontext({}) as spent:
+    with split_timer() if split else contextlib.nullcontext({}) as spent:
         engine.run()
     report = build_report(engine, wall_seconds=time.perf_counter() - t0)
     timing = report["timing"]
@@ -301,8 +308,7 @@ def run_churn(args, pooled: bool = False) -> dict:
             "cycle_ms": timing["cycle_ms"], "actions_ms": timing.get("actions_ms", {}),
             "cycle_cpu_ms": {"p50": round(pct(cpu, 50), 1), "p95": round(pct(cpu, 95), 1), "max": round(max(cpu), 1)},
             "cpu_seconds": round(time.process_time() - c0, 1),
-            **({"split_ms": {k: round(spent.get(k, 0.0) * 1e3 / len(cpu), 1) for k in SPLIT}}
-               if getattr(args, "split", False) else {})}
+            **({"split_ms": {k: round(spent.get(k, 0.0) * 1e3 / len(cpu), 1) for k in SPLIT}} if split else {})}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -463,7 +469,7 @@ def _print_scale(r: dict, scale: int) -> None:
             f"{a} {v['p50']:.0f}/{v['p95']:.0f}/{v['max']:.0f}" for a, v in x["actions_ms"].items()))
     if "split_ms" in large:
         ls, ss = large["split_ms"], small["split_ms"]
-        print("        parts, CPU ms a cycle (small / large, ratio; goal <= " + f"{scale + 1}" + "): " + ", ".join(
+        print(f"        parts, CPU ms a cycle (small / large, ratio; goal <= {scale + 1}): " + ", ".join(
             f"{k} {ss[k]:.1f} / {ls[k]:.1f} ({ls[k] / ss[k]:.1f})" if ss[k] else f"{k} {ss[k]:.1f} / {ls[k]:.1f}"
             for k in SPLIT))
     lc, sc = large["cycle_cpu_ms"], small["cycle_cpu_ms"]
