@@ -375,6 +375,7 @@ class Cycle:
         self.evicted: set[str] = set()
         self.reserved: dict[str, float] = {n: 0.0 for n in names}
         self._over_vec: np.ndarray | None = None  # see over_all
+        self._held_vec: np.ndarray | None = None  # see held_all
         self._over_dirty: set[str] = set()
         self._held: dict[str, float] = {}  # see held
         self._side_flags: dict[str, tuple[bool, bool]] = {}  # see side_flags
@@ -705,14 +706,29 @@ class Cycle:
         """``over`` of every queue, in ``tree.queues`` order (the same numbers: queues whose sums
         changed since the last call are worked out again)."""
         if self._over_vec is None:
-            self._over_vec = np.array([self.over(q) for q in self.tree.queues], dtype=float)
-            self._queue_index = {q: i for i, q in enumerate(self.tree.queues)}
+            queues = self.tree.queues
+            self._over_vec = np.array([self.over(q) for q in queues], dtype=float)
+            self._held_vec = np.array([self.held(q) for q in queues], dtype=float)
+            self._queue_index = {q: i for i, q in enumerate(queues)}
         elif self._over_dirty:
-            vec, index = self._over_vec, self._queue_index
+            vec, held, index = self._over_vec, self._held_vec, self._queue_index
             for q in self._over_dirty:
-                vec[index[q]] = self.over(q)
+                i = index[q]
+                vec[i], held[i] = self.over(q), self.held(q)
         self._over_dirty.clear()
         return self._over_vec
+
+    def held_all(self) -> np.ndarray:
+        """``held`` of every queue, in ``tree.queues`` order (kept as ``over_all`` is)."""
+        self.over_all()
+        return self._held_vec
+
+    def guar_all(self) -> np.ndarray:
+        """``guar`` of every queue, in ``tree.queues`` order (fixed for the cycle)."""
+        vec = self.cache.get("guar-all")
+        if vec is None:
+            vec = self.cache["guar-all"] = np.array([self.guar[q] for q in self.tree.queues], dtype=float)
+        return vec
 
     # -- placement -------------------------------------------------------------------------------
     def candidate(self, w: Workload) -> Candidate:

@@ -682,11 +682,15 @@ class _VictimIndex:
         self.nodes = cols[self.starts]
         self.run_of = np.cumsum(first) - 1 if entries else np.zeros(0, dtype=np.int64)  # entry -> its run
         self.bounds = list(zip(self.starts.tolist(), self.starts[1:].tolist() + [len(cols)]))  # each run's entries
+        self.lengths = np.diff(np.append(self.starts, len(cols)))
+        self.holds = self.milli > 0  # entries that hold GPUs
         # each node's victims (and beside them, their queue numbers and ids: a walk filters a
         # node's victims by these without reading the workloads)
         self.per_node: dict[int, list[tuple[Workload, int]]] = book.per_node
         self.per_node_q: dict[int, list[tuple[int, str]]] = book.per_node_q
         self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
+        self.last_view: tuple[frozenset, tuple] | None = None  # the view last asked for
+        self._by_queue: tuple[np.ndarray, np.ndarray] | None = None  # see ``entries_of_queues``
         self.queue_l = self.queue.tolist()
         self.milli_l = self.milli.tolist()
         self.cost_l = self.cost.tolist()
@@ -712,6 +716,16 @@ class _VictimIndex:
             self._applied |= new
         return self._dead
 
+    def entries_of_queues(self, queues: list[int]) -> np.ndarray:
+        """The entries of these queues (numbers), as an array."""
+        if not queues:
+            return np.zeros(0, dtype=np.int64)
+        if self._by_queue is None:  # entries by queue (made when first asked)
+            by = np.argsort(self.queue, kind="stable")
+            self._by_queue = (by, np.searchsorted(self.queue[by], np.arange(len(self.qn) + 1)))
+        by, opens = self._by_queue
+        return np.concatenate([by[opens[q]:opens[q + 1]] for q in queues])
+
     def entries(self, victims: Iterable[str]) -> list[int]:
         """The entries of these victims (ids; those not in the index have none)."""
         if self._by_slot is None:  # entries by slot (made when first asked)
@@ -735,30 +749,80 @@ def _index(ctx: Cycle) -> _VictimIndex:
     return idx
 
 
+DERIVE_MAX = 64  # queues in or out of the last view up to which a view is derived from it
+
+
 def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
     """What ``_nodes_from_index`` needs of the index for one set of candidate queues, whatever
     the state (kept for the cycle: reclaimers of one side ask for the same queues again): the
     GPU milli their entries hold per node, the least work one of their victims
     loses per node (and rounded as plans' costs are), their entries that hold GPUs, and which
     queues are theirs (a list by queue number: read entry by entry, node by node; and as an
-    array)."""
+    array); and which entries are theirs.
+
+    Successive reclaimers mostly ask for the queues the last one asked for, give or take a few
+    (a plan made moves a few queues over or under their shares): then the view is the last one's
+    with the entries of those few queues put in or taken out (``_derived_view``), the same
+    numbers for a fraction of the passes over every entry."""
     key = frozenset(queues)
     hit = idx.views.get(key)
     if hit is None:
-        sel = np.zeros(len(idx.qn), dtype=bool)
-        sel[np.fromiter(map(idx.qn.__getitem__, queues), dtype=np.int64, count=len(queues))] = True
-        mine = sel[idx.queue]
-        mine_milli = np.where(mine, idx.milli, 0)
-        least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
-        # the entries that hold GPUs, by run: their queues, where each run of them opens, and the
-        # run (a walk's "most over-quota queue" per node reads these alone, not every entry)
-        held = np.flatnonzero(mine & (idx.milli > 0))
-        run = idx.run_of[held]
-        opens = np.flatnonzero(np.concatenate(([True], run[1:] != run[:-1]))) if held.size else held
-        hit = idx.views[key] = (
-            np.add.reduceat(mine_milli, idx.starts), least, np.round(least, 6), (idx.queue[held], opens, run[opens]),
-            sel.tolist(), sel)
+        last = idx.last_view
+        if last is not None:
+            gone, new = last[0] - key, key - last[0]
+            if len(gone) + len(new) <= DERIVE_MAX:
+                hit = _derived_view(idx, last[1], gone, new)
+        if hit is None:
+            hit = _fresh_view(idx, queues)
+        idx.views[key] = hit
+    idx.last_view = (key, hit)
     return hit
+
+
+def _fresh_view(idx: _VictimIndex, queues: set[str]) -> tuple:
+    """``_queue_view`` worked out from every entry."""
+    sel = np.zeros(len(idx.qn), dtype=bool)
+    sel[np.fromiter(map(idx.qn.__getitem__, queues), dtype=np.int64, count=len(queues))] = True
+    mine = sel[idx.queue]
+    least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
+    return (np.add.reduceat(np.where(mine, idx.milli, 0), idx.starts), least, np.round(least, 6),
+            _holding(idx, mine), sel.tolist(), sel, mine)
+
+
+def _derived_view(idx: _VictimIndex, base: tuple, gone: Iterable[str], new: Iterable[str]) -> tuple:
+    """``_queue_view`` of the queues of ``base`` less ``gone`` plus ``new``, worked out from
+    ``base``: the room per node by the entries that come or go (integers), the least work lost
+    afresh on the nodes those entries are on (a minimum: the same whatever else is there), and
+    the entry and queue marks."""
+    room, least, rounded, _, _, sel, mine = base
+    qn = idx.qn
+    on, off = [qn[q] for q in new], [qn[q] for q in gone]
+    sel, mine = sel.copy(), mine.copy()
+    sel[on], sel[off] = True, False
+    e_on, e_off = idx.entries_of_queues(on), idx.entries_of_queues(off)
+    mine[e_on], mine[e_off] = True, False
+    touched = np.concatenate((e_on, e_off))
+    if touched.size:
+        room, least, rounded = room.copy(), least.copy(), rounded.copy()
+        np.add.at(room, idx.run_of[e_on], idx.milli[e_on])
+        np.subtract.at(room, idx.run_of[e_off], idx.milli[e_off])
+        runs = np.unique(idx.run_of[touched])
+        lo, n = idx.starts[runs], idx.lengths[runs]
+        at = np.cumsum(n) - n  # where each run's entries open in ``ent``
+        ent = np.arange(int(n.sum())) + np.repeat(lo - at, n)
+        least[runs] = np.minimum.reduceat(np.where(mine[ent], idx.cost[ent], np.inf), at)
+        rounded[runs] = np.round(least[runs], 6)
+    return room, least, rounded, _holding(idx, mine), sel.tolist(), sel, mine
+
+
+def _holding(idx: _VictimIndex, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries marked ``mine`` that hold GPUs, by run: their queues, where each run of them
+    opens, and the run (a walk's "most over-quota queue" per node reads these alone, not every
+    entry)."""
+    held = np.flatnonzero(mine & idx.holds)
+    run = idx.run_of[held]
+    opens = np.flatnonzero(np.concatenate(([True], run[1:] != run[:-1]))) if held.size else held
+    return idx.queue[held], opens, run[opens]
 
 
 def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, free: np.ndarray,
@@ -778,7 +842,7 @@ def _nodes_from_index(ctx: Cycle, c: Candidate, queues: set[str], need: int, fre
     if not idx.nodes.size:
         return
     fut = ctx.future
-    room, least, rounded, holding, theirs, sel = _queue_view(idx, queues)
+    room, least, rounded, holding, theirs, sel, _ = _queue_view(idx, queues)
     nodes = idx.nodes
     free_n = free[nodes]
     ok = (room > 0) & (free_n + room >= need) & fut.schedulable[nodes]
@@ -1241,9 +1305,10 @@ class _Skip:
         b0, b1 = self.best[0], self.best[1]
         return (lost > b0) | ((lost == b0) & (fewest > b1))
 
-    def _sides(self, idx: _VictimIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _sides(self, idx: _VictimIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per queue number: the queue number of its side against the reclaimer and that side's
-        depth; and the queues' ancestries (root first, -1 after the end). Kept for the cycle."""
+        depth; the queues' ancestries (root first, -1 after the end); and per queue number, the
+        queue number of the reclaimer's side against it (``QueueTree.split``). Kept for the cycle."""
         ctx, r = self.ctx, self.budget.reclaimer
         memo = ctx.cache.setdefault("reclaim-side-arrays", {})
         hit = memo.get(r)
@@ -1261,25 +1326,35 @@ class _Skip:
             k = min(len(mine), anc.shape[1])
             common = np.cumprod(anc[:, :k] == mine[None, :k], axis=1).sum(axis=1)  # as ``QueueTree.split``
             sd = np.minimum(common, depth - 1)
-            hit = memo[r] = (anc[np.arange(len(anc)), sd], sd, anc)
+            hit = memo[r] = (anc[np.arange(len(anc)), sd], sd, anc, mine[np.minimum(common, len(mine) - 1)])
         return hit
 
     def _side_facts(self, idx: _VictimIndex, sel: np.ndarray) -> "_SideFacts":
         """The budget's numbers of the candidate queues' sides, by queue number (made once per
         walk: ``sel`` is the walk's)."""
         if self._facts is None:
-            b, names = self.budget, list(idx.qn)
-            side = self._sides(idx)[0]
-            f = self._facts = _SideFacts(len(names))
+            b, ctx = self.budget, self.ctx
+            side, _, _, aq_of = self._sides(idx)
+            f = self._facts = _SideFacts(len(idx.qn))
             cand = np.flatnonzero(sel)
             sides, first = np.unique(side[cand], return_index=True)
-            levels: dict[str, int] = {}
-            for s_, rep in zip(sides.tolist(), cand[first].tolist()):
-                _, over, h, g, before, guaranteed, aq = b._side(names[rep])
-                f.unknown[s_] = guaranteed and h > g + EPS  # the guarantee rule: walked
-                f.over[s_], f.before[s_], f.held[s_], f.guar[s_] = over, before, h, g
-                f.level[s_] = levels.setdefault(aq, len(levels))
-            f.levels = list(levels)
+            # the reclaimer's side against each (a level), numbered as the sides first name it
+            aqs = aq_of[cand[first]]
+            lv, lv_first, lv_of = np.unique(aqs, return_index=True, return_inverse=True)
+            by_first = np.argsort(lv_first, kind="stable")
+            number = np.empty(len(lv), dtype=np.int64)
+            number[by_first] = np.arange(len(lv))
+            names = idx._book.queues  # (the queue numbers' names)
+            f.levels = [names[i] for i in lv[by_first].tolist()]
+            # ``ReclaimBudget._side``'s numbers, every side at once: the same values
+            before = np.array([b._over_mine(aq) for aq in f.levels], dtype=float)
+            within = np.array([b._within(aq) for aq in f.levels], dtype=bool)
+            level = number[lv_of.reshape(-1)]
+            held, guar = ctx.held_all()[sides], ctx.guar_all()[sides]
+            f.over[sides], f.held[sides], f.guar[sides] = ctx.over_all()[sides], held, guar
+            f.before[sides] = before[level]
+            f.unknown[sides] = within[level] & (held > guar + EPS)  # the guarantee rule: walked
+            f.level[sides] = level
         return self._facts
 
     def _live(self, idx: _VictimIndex, sel: np.ndarray) -> np.ndarray:
@@ -1342,7 +1417,7 @@ class _Skip:
         by queue number) that are not evicted refused first? And would a search judge the node
         (such victims there, and with the node's free capacity, room for ``need``)?"""
         ctx = self.ctx
-        side, sd, anc = self._sides(idx)
+        side, sd, anc, _ = self._sides(idx)
         amt, prio = idx.facts()
         q = idx.queue
         names = list(idx.qn)

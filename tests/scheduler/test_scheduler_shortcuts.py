@@ -316,6 +316,37 @@ def test_a_churn_walk_marks_the_nodes_where_no_plan_comes_closer(monkeypatch):
     assert report_text(data, 0) == slow
 
 
+def _views_derived_as_fresh(monkeypatch, data: dict, seed: int) -> int:
+    """Run the simulation checking every queue view a walk derives from the last one
+    (``plan._derived_view``: the entries of the queues that came in or went out) against the view
+    worked out from every entry; returns how many were derived."""
+    real, derived = plan._derived_view, [0]
+
+    def checked(idx, base, gone, new):
+        out = real(idx, base, gone, new)
+        queues = {q for q, i in idx.qn.items() if base[5][i]} - set(gone) | set(new)
+        fresh = plan._fresh_view(idx, queues)
+        for a, b in zip(out, fresh):
+            if isinstance(a, tuple):
+                assert all(np.array_equal(x, y) for x, y in zip(a, b))
+            else:
+                assert np.array_equal(a, b)
+        derived[0] += 1
+        return out
+    monkeypatch.setattr(plan, "_derived_view", checked)
+    report_text(data, seed)
+    return derived[0]
+
+
+@pytest.mark.parametrize("shape", [(50, 40, 1500), (80, 120, 2400)])
+def test_a_churn_walk_derives_its_queue_views_as_worked_out_afresh(monkeypatch, shape):
+    """The benchmark's churning cluster, small: successive reclaimers ask for nearly the same
+    candidate queues, so most views are derived from the last one, each the same as worked out
+    from every entry. (The random scenarios above make one or two plans a cycle: they derive
+    none.)"""
+    assert _views_derived_as_fresh(monkeypatch, _churn(*shape), 0) > 20
+
+
 def test_a_victim_refused_for_its_lower_priority_sibling_may_still_go(monkeypatch):
     """A node left once a plan is found must not be one a search could still do better on. Queue
     q (deserved 1) needs 2 GPUs; borrowers b and c, equally far above their shares, hold 3 GPUs
