@@ -16,6 +16,7 @@ a queue) and ``ReclaimBudget`` (only borrowed capacity, no ping-pong).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import operator
 from typing import Callable, Iterable, Iterator
@@ -164,24 +165,28 @@ class ReclaimBudget(Budget):
     def candidate_queues(self, queues: Iterable[str]) -> set[str]:
         """The queues among ``queues``, the reclaimer's own left out, that ``candidate_side``
         admits. Queues whose ancestries part from the reclaimer's at the same place share a side,
-        so each sibling subtree along the reclaimer's path is judged once (the grouping is kept
+        so each sibling subtree along the reclaimer's path is judged once, all of them at once
+        from the cycle's per-queue numbers (``Cycle.side_flags``'s tests; the grouping is kept
         for the cycle, per reclaimer and ``queues`` object)."""
-        out: set[str] = set()
         groups, alone = self._groups(queues)
-        within: dict[str, bool] = {}
-        for members, side, aq in groups:  # ``candidate_side`` of a member, side by side
-            if aq not in within:
-                within[aq] = self._within(aq)
-            if self._admits(side, within[aq]):
-                out |= members
+        out: set[str] = set()
+        if groups[0]:
+            members, sides, level, levels = groups
+            ctx = self.ctx
+            within = np.array([self._within(aq) for aq in levels], dtype=bool)
+            over, held, guar = ctx.over_all()[sides], ctx.held_all()[sides], ctx.guar_all()[sides]
+            admitted = (over > EPS) | (within[level] & (held > guar + EPS))  # ``_admits``, side by side
+            out = out.union(*itertools.compress(members, admitted.tolist()))
         for q in alone:
             if self.candidate_side(q):
                 out.add(q)
         return out
 
-    def _groups(self, queues: Iterable[str]) -> tuple[list[tuple[set[str], str, str]], list[str]]:
-        """``queues`` split into sides of the reclaimer: (members, the side, the reclaimer's side
-        against it) per sibling subtree along its path, and the reclaimer's ancestors and
+    def _groups(self, queues: Iterable[str]) -> tuple[tuple[list[set[str]], np.ndarray, np.ndarray, list[str]],
+                                                      list[str]]:
+        """``queues`` split into sides of the reclaimer: per sibling subtree along its path, its
+        members, the side (a queue number of ``tree.queues``) and the reclaimer's side against it
+        (an index into the last list, of those names); and the reclaimer's ancestors and
         descendants among them (queues that hold workloads themselves, each its own side)."""
         ctx, r = self.ctx, self.reclaimer
         memo = ctx.cache.setdefault("reclaim-sides", {})
@@ -194,17 +199,36 @@ class ReclaimBudget(Budget):
         hit = shared.get(id(queues))
         if hit is None or hit[0] is not queues:
             hit = shared[id(queues)] = (queues, set(queues), {})
-        among, subtrees = hit[1], hit[2]
-        groups: list[tuple[set[str], str, str]] = []
+        among, by_parent = hit[1], hit[2]
+        members: list[set[str]] = []
+        sides: list[int] = []
+        level: list[int] = []
         path = tree.path(r)
         for i, mine in enumerate(path):
-            for s in tree.children.get(path[i - 1] if i else None, ()):
-                if s.name != mine:
-                    members = subtrees.get(s.name)
-                    if members is None:
-                        members = subtrees[s.name] = tree.subtree(s.name) & among
-                    if members:
-                        groups.append((members, s.name, mine))
+            # the parent's children that have members, in order (shared by the reclaimers below
+            # it), less the reclaimer's own
+            parent = path[i - 1] if i else None
+            kids = by_parent.get(parent)
+            if kids is None:
+                ctx.over_all()  # (numbers the queues: ``_queue_index``)
+                number, names, mem, nums = ctx._queue_index, {}, [], []
+                for s in tree.children.get(parent, ()):
+                    m = tree.subtree(s.name) & among
+                    if m:
+                        names[s.name] = len(mem)
+                        mem.append(m)
+                        nums.append(number[s.name])
+                kids = by_parent[parent] = (names, mem, nums)
+            names, mem, nums = kids
+            k = names.get(mine)
+            if k is None:
+                members += mem
+                sides += nums
+            else:
+                members += mem[:k] + mem[k + 1:]
+                sides += nums[:k] + nums[k + 1:]
+            level += [i] * (len(sides) - len(level))
+        groups = (members, np.array(sides, dtype=np.int64), np.array(level, dtype=np.int64), list(path))
         alone = sorted(q for q in (set(path) | tree.subtree(r)) & among if q != r)
         memo[r, id(queues)] = (queues, groups, alone)  # ``queues`` kept: its id is not reused meanwhile
         return groups, alone

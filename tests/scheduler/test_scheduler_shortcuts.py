@@ -347,6 +347,23 @@ def test_a_churn_walk_derives_its_queue_views_as_worked_out_afresh(monkeypatch, 
     assert _views_derived_as_fresh(monkeypatch, _churn(*shape), 0) > 20
 
 
+def test_a_churn_reclaim_asks_each_side_once_and_admits_as_queue_by_queue(monkeypatch):
+    """The candidate queues of a reclaim, judged side by side for all the reclaimer's sibling
+    subtrees at once (``ReclaimBudget.candidate_queues``), are those ``candidate_side`` admits
+    queue by queue, the reclaimer's own left out."""
+    real, asked = plan.ReclaimBudget.candidate_queues, [0, 0]
+
+    def checked(self, queues):
+        out = real(self, queues)
+        assert out == {q for q in queues if q != self.reclaimer and self.candidate_side(q)}
+        asked[0] += 1
+        asked[1] += bool(out)
+        return out
+    monkeypatch.setattr(plan.ReclaimBudget, "candidate_queues", checked)
+    report_text(_churn(80, 120, 2400), 0)
+    assert asked[1] > 20
+
+
 def test_a_victim_refused_for_its_lower_priority_sibling_may_still_go(monkeypatch):
     """A node left once a plan is found must not be one a search could still do better on. Queue
     q (deserved 1) needs 2 GPUs; borrowers b and c, equally far above their shares, hold 3 GPUs
