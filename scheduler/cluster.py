@@ -81,6 +81,8 @@ class ClusterState:
         self.log: list[int] = []
         self._summary: tuple[np.ndarray, np.ndarray] | None = None  # see gpu_summary
         self._summary_pos = 0
+        self._free: np.ndarray | None = None  # see free_milli
+        self._free_pos = 0
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def milli_on(self, node: int, req: PodRequest) -> int:
@@ -138,9 +140,23 @@ class ClusterState:
             self._summary_pos = len(self.log)
         return s
 
+    def free_milli(self) -> np.ndarray:
+        """Per node, the free GPU milli of all its GPUs (``gpu_free.sum(axis=1)``), kept as
+        ``gpu_summary`` is. Read only."""
+        f = self._free
+        if f is None:
+            f = self._free = self.gpu_free.sum(axis=1)
+            self._free_pos = len(self.log)
+        elif len(self.log) > self._free_pos:
+            rows = list(set(self.log[self._free_pos:]))
+            f[rows] = self.gpu_free[rows].sum(axis=1)
+            self._free_pos = len(self.log)
+        return f
+
     def forget(self) -> None:
         """Drop what is kept of the free capacity (after a change that bypassed the log)."""
         self._summary = None
+        self._free = None
 
     def free_gpu_milli(self) -> int:
         return int(self.gpu_free[self.schedulable].sum())
@@ -153,6 +169,7 @@ class ClusterState:
         c.mem_free = self.mem_free.copy()
         c.log = []  # a new state: its readers start with a full comparison
         c._summary = None
+        c._free = None
         return c
 
     def node_mask(self, selector: dict[str, str]) -> np.ndarray | None:

@@ -1045,7 +1045,7 @@ def _plan_single(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budge
     when no node left can beat the best plan found."""
     fut = ctx.future
     need = c.req.gpu_milli_total if not c.req.gpu_memory else 1
-    free = fut.gpu_free.sum(axis=1)
+    free = fut.free_milli()
     judge = _Refusals(ctx, budget) if type(budget) is ReclaimBudget and cycle.SHORTCUTS else None
     skip = _Skip(ctx, budget) if judge is not None and victims is None else None
     if victims is None:

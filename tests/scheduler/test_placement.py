@@ -103,8 +103,9 @@ def _feasible_by_definition(state, req, mask):
 
 def test_kept_gpu_summary_follows_every_change():
     """``ClusterState.gpu_summary`` (the most free milli of one GPU and the wholly free GPUs per
-    node) is kept across calls and brought in step through the change log: after takes, gives,
-    copies and runs of changes logged in bulk, it and ``feasible`` agree with a fresh reading."""
+    node) and ``free_milli`` (the free milli of all its GPUs) are kept across calls and brought in
+    step through the change log: after takes, gives, copies and runs of changes logged in bulk,
+    they and ``feasible`` agree with a fresh reading."""
     from gpupool.scheduler.placement import feasible
     rng = np.random.default_rng(11)
     state = cluster()
@@ -117,6 +118,8 @@ def test_kept_gpu_summary_follows_every_change():
         mx, full = state.gpu_summary()
         assert np.array_equal(mx, state.gpu_free.max(axis=1))
         assert np.array_equal(full, (state.gpu_free >= MILLI).sum(axis=1))
+        if step % 3:  # (read every other step or so: changes pile up in between)
+            assert np.array_equal(state.free_milli(), state.gpu_free.sum(axis=1))
         n = int(rng.integers(len(state.nodes)))
         gpus = [g for g in range(int(state.num_gpus[n])) if rng.random() < 0.5]
         milli = int(rng.choice([100, 250, 500, 1000]))
@@ -128,11 +131,13 @@ def test_kept_gpu_summary_follows_every_change():
             gpus = [g for g in gpus if state.gpu_free[n, g] + milli <= MILLI]
             state.give(n, gpus, milli, 0, 0)
         elif op < 0.95:  # a copy keeps its own: changing it leaves the original's as it was
-            kept = state.gpu_summary()[0].copy()
+            kept, kept_free = state.gpu_summary()[0].copy(), state.free_milli().copy()
             old, state = state, state.copy()
             row = int(np.argmax(state.gpu_free.max(axis=1)))
             state.take(row, [int(np.argmax(state.gpu_free[row]))], 1, 0, 0)
             assert np.array_equal(old.gpu_summary()[0], kept)
+            assert np.array_equal(state.free_milli(), state.gpu_free.sum(axis=1))
+            assert np.array_equal(old.free_milli(), kept_free)
         else:  # a bulk change logged by hand (as the intake of reservations does)
             rows = rng.integers(len(state.nodes), size=3)
             for r in rows:
