@@ -397,6 +397,8 @@ class Cycle:
         self._starting_prios: dict[str, dict[int, int]] = {}
         self._starting: set[str] = set()
         self._lowest: dict[str, float] = {}  # see lowest_running_priority (dropped as its queue changes)
+        self._lowest_vec: np.ndarray | None = None  # see lowest_running_priorities
+        self._lowest_known: np.ndarray | None = None
         self.holds: dict[str, list[tuple[int, tuple[int, ...], int, int, int]]] = {}  # now-view holds
         self._held_all: tuple[int, list[str]] | None = None  # what they hold in all (see _held_in)
         # holders that bound into their planned place lately (the last two grace periods): their
@@ -666,7 +668,7 @@ class Cycle:
 
     def _evict(self, v: Workload, ev: Evict, sign: int) -> None:
         amt = self.amounts[v.id]
-        self._lowest.pop(v.queue, None)
+        self._drop_lowest(v.queue)
         for q in self._changing(v.queue):
             self.releasing[q] = _add(self.releasing[q], amt, sign)
         if sign > 0:
@@ -979,7 +981,7 @@ class Cycle:
             self._starting.add(wid)
         else:
             self._starting.discard(wid)
-        self._lowest.pop(w.queue, None)
+        self._drop_lowest(w.queue)
         prios = self._starting_prios.setdefault(w.queue, {})
         prios[w.priority] = prios.get(w.priority, 0) + d
 
@@ -1023,6 +1025,26 @@ class Cycle:
                     break
             self._lowest[q] = hit
         return hit
+
+    def lowest_running_priorities(self, qs: np.ndarray) -> np.ndarray:
+        """``lowest_running_priority`` by queue number (of ``tree.queues``), brought up to date for
+        the numbers ``qs`` (the others' entries are not to be read): kept as the queues change."""
+        if self._lowest_vec is None:
+            self.over_all()  # (numbers the queues: ``_queue_index``)
+            n = len(self.tree.queues)
+            self._lowest_vec, self._lowest_known = np.full(n, math.inf), np.zeros(n, dtype=bool)
+            self._queue_names = list(self.tree.queues)
+        vec, known, names = self._lowest_vec, self._lowest_known, self._queue_names
+        for qi in qs[~known[qs]].tolist():
+            vec[qi] = self.lowest_running_priority(names[qi])
+            known[qi] = True
+        return vec
+
+    def _drop_lowest(self, q: str) -> None:
+        """``q``'s workloads that run or start changed: its lowest priority is worked out again."""
+        self._lowest.pop(q, None)
+        if self._lowest_known is not None:
+            self._lowest_known[self._queue_index[q]] = False
 
     def _ranked(self, q: str) -> list[Workload]:
         """``q``'s preemptible running workloads (young ones too), lowest priority first; kept for

@@ -1321,7 +1321,7 @@ class _Skip:
         starts = idx.starts
         total = np.cumsum(milli)
         before = total - milli  # freed by the larger entries before each one, from the index's start
-        run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(milli))))
+        run = idx.run_of
         short = need - free[idx.nodes]
         counted = theirs & (before - before[starts][run] < short[run])
         fewest = np.maximum(np.add.reduceat(counted.astype(np.int64), starts), 1)
@@ -1444,8 +1444,6 @@ class _Skip:
         side, sd, anc, _ = self._sides(idx)
         amt, prio = idx.facts()
         q = idx.queue
-        names = list(idx.qn)
-        nq = len(names)
         f = self._side_facts(idx, sel)
         unknown, held, guar = f.unknown, f.held, f.guar
         share = f.over > f.before + EPS
@@ -1459,10 +1457,7 @@ class _Skip:
         may = live & share[se] & ((held[se] - amt >= guar[se] - EPS) | above[se]) & ~(below[q] + EPS < amt / 2.0)
         may &= ~unknown[se]
         if may.any():  # a queue running lower-priority workloads keeps its higher ones
-            lowest = np.full(nq, np.inf)
-            for qi in np.unique(q[may]).tolist():
-                lowest[qi] = ctx.lowest_running_priority(names[qi])
-            may &= ~(lowest[q] < prio)
+            may &= ~(ctx.lowest_running_priorities(np.unique(q[may]))[q] < prio)
         blocks = may | (live & unknown[se])
         starts = idx.starts
         refused = ~np.logical_or.reduceat(blocks, starts)

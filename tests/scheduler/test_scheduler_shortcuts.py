@@ -364,6 +364,40 @@ def test_a_churn_reclaim_asks_each_side_once_and_admits_as_queue_by_queue(monkey
     assert asked[1] > 20
 
 
+def test_kept_lowest_running_priorities_follow_evictions_and_starts():
+    """The node marks read each queue's lowest running priority from an array kept for the cycle
+    (``Cycle.lowest_running_priorities``): it follows what the cycle does to the queue, as
+    ``lowest_running_priority`` does: an eviction and its rollback, a waiting workload that starts
+    and one that no longer does."""
+    from gpupool.scheduler.cycle import Cycle
+    from gpupool.scheduler.model import Evict, NodeSpec, Phase, PodPlacement, QueueSpec, SchedulerConfig, Snapshot, Workload
+
+    def run(wid, prio, g):
+        return Workload(wid, "q", gpus=1, priority=prio, phase=Phase.RUNNING, started_at=0.0,
+                        placements=(PodPlacement(0, "n", (g,)),))
+    low, high = run("low", 10, 0), run("high", 50, 1)
+    waiting = Workload("w", "q", gpus=1, priority=5)
+    snap = Snapshot(1000.0, [NodeSpec("n", gpus=4)], [QueueSpec("q", deserved={"gpu": 4}), QueueSpec("o")],
+                    [low, high, waiting])
+    ctx = Cycle(snap, SchedulerConfig())
+    q = np.array([list(ctx.tree.queues).index("q")])
+
+    def lowest():
+        got = float(ctx.lowest_running_priorities(q)[q[0]])
+        assert got == ctx.lowest_running_priority("q")
+        return got
+    assert lowest() == 10
+    ev = Evict("low", "reclaim", "")
+    ctx._evict(low, ev, +1)
+    assert lowest() == 50
+    ctx._evict(low, ev, -1)
+    assert lowest() == 10
+    ctx._note_starting("w", +1)
+    assert lowest() == 5
+    ctx._note_starting("w", -1)
+    assert lowest() == 10
+
+
 def test_a_victim_refused_for_its_lower_priority_sibling_may_still_go(monkeypatch):
     """A node left once a plan is found must not be one a search could still do better on. Queue
     q (deserved 1) needs 2 GPUs; borrowers b and c, equally far above their shares, hold 3 GPUs
