@@ -74,6 +74,9 @@ def main() -> None:
     else:
         weights = ",".join(f"{v:.6f}" for v in model.weight.detach().flatten().tolist())
         print(f"rank {rank}: finished {args.steps} steps; weights {weights}", flush=True)
+    # every rank done with its collectives before any tears its process group down: a rank that
+    # exits first closes the connections another may still be using (gloo then aborts it)
+    dist.barrier()
     dist.destroy_process_group()
 
 
