@@ -79,10 +79,8 @@ class ClusterState:
         # free capacity other than through take/give extends the log too (or drops the caches
         # before anyone reads them: ``forget``).
         self.log: list[int] = []
-        self._summary: tuple[np.ndarray, np.ndarray] | None = None  # see gpu_summary
+        self._summary: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see gpu_summary
         self._summary_pos = 0
-        self._free: np.ndarray | None = None  # see free_milli
-        self._free_pos = 0
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def milli_on(self, node: int, req: PodRequest) -> int:
@@ -123,40 +121,33 @@ class ClusterState:
         their needs add up) fit now? A node or GPU that does not exist does not fit."""
         return fits_placements(self, placements, w)
 
-    def gpu_summary(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per node: the most free milli on one GPU, and how many GPUs are wholly free (what a
-        one-GPU and a whole-GPUs request need to know of a node). Kept across calls and brought
-        in step through the change log: only rows touched since are read again."""
+    def gpu_summary(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per node: the most free milli on one GPU, how many GPUs are wholly free (what a
+        one-GPU and a whole-GPUs request need to know of a node), and the free milli of all its
+        GPUs (what a plan needs). Kept across calls and brought in step through the change log:
+        only rows touched since are read again. Read only."""
         s = self._summary
         if s is None:
             g = self.gpu_free
-            s = self._summary = (g.max(axis=1), (g >= MILLI).sum(axis=1))
+            s = self._summary = (g.max(axis=1), (g >= MILLI).sum(axis=1), g.sum(axis=1))
             self._summary_pos = len(self.log)
         elif len(self.log) > self._summary_pos:
             rows = list(set(self.log[self._summary_pos:]))
             g = self.gpu_free[rows]
             s[0][rows] = g.max(axis=1)
             s[1][rows] = (g >= MILLI).sum(axis=1)
+            s[2][rows] = g.sum(axis=1)
             self._summary_pos = len(self.log)
         return s
 
     def free_milli(self) -> np.ndarray:
-        """Per node, the free GPU milli of all its GPUs (``gpu_free.sum(axis=1)``), kept as
-        ``gpu_summary`` is. Read only."""
-        f = self._free
-        if f is None:
-            f = self._free = self.gpu_free.sum(axis=1)
-            self._free_pos = len(self.log)
-        elif len(self.log) > self._free_pos:
-            rows = list(set(self.log[self._free_pos:]))
-            f[rows] = self.gpu_free[rows].sum(axis=1)
-            self._free_pos = len(self.log)
-        return f
+        """Per node, the free GPU milli of all its GPUs (``gpu_free.sum(axis=1)``): a copy of
+        ``gpu_summary``'s third part, as it is now (the summary follows later changes in place)."""
+        return self.gpu_summary()[2].copy()
 
     def forget(self) -> None:
         """Drop what is kept of the free capacity (after a change that bypassed the log)."""
         self._summary = None
-        self._free = None
 
     def free_gpu_milli(self) -> int:
         return int(self.gpu_free[self.schedulable].sum())
@@ -169,7 +160,6 @@ class ClusterState:
         c.mem_free = self.mem_free.copy()
         c.log = []  # a new state: its readers start with a full comparison
         c._summary = None
-        c._free = None
         return c
 
     def node_mask(self, selector: dict[str, str]) -> np.ndarray | None:

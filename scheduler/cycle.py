@@ -374,6 +374,9 @@ class Cycle:
         self.reasons: dict[tuple, tuple[Code, dict]] = {}  # capacity reasons by shape, reset on binds
         self.evicted: set[str] = set()
         self.reserved: dict[str, float] = {n: 0.0 for n in names}
+        # queue numbers: the order of ``tree.queues`` (the per-queue arrays below, and the planner's)
+        self.queue_names = names
+        self.queue_index = {q: i for i, q in enumerate(names)}
         self._over_vec: np.ndarray | None = None  # see over_all
         self._held_vec: np.ndarray | None = None  # see held_all
         self._over_dirty: set[str] = set()
@@ -708,12 +711,11 @@ class Cycle:
         """``over`` of every queue, in ``tree.queues`` order (the same numbers: queues whose sums
         changed since the last call are worked out again)."""
         if self._over_vec is None:
-            queues = self.tree.queues
+            queues = self.queue_names
             self._over_vec = np.array([self.over(q) for q in queues], dtype=float)
             self._held_vec = np.array([self.held(q) for q in queues], dtype=float)
-            self._queue_index = {q: i for i, q in enumerate(queues)}
         elif self._over_dirty:
-            vec, held, index = self._over_vec, self._held_vec, self._queue_index
+            vec, held, index = self._over_vec, self._held_vec, self.queue_index
             for q in self._over_dirty:
                 i = index[q]
                 vec[i], held[i] = self.over(q), self.held(q)
@@ -729,7 +731,7 @@ class Cycle:
         """``guar`` of every queue, in ``tree.queues`` order (fixed for the cycle)."""
         vec = self.cache.get("guar-all")
         if vec is None:
-            vec = self.cache["guar-all"] = np.array([self.guar[q] for q in self.tree.queues], dtype=float)
+            vec = self.cache["guar-all"] = np.array([self.guar[q] for q in self.queue_names], dtype=float)
         return vec
 
     # -- placement -------------------------------------------------------------------------------
@@ -1030,11 +1032,9 @@ class Cycle:
         """``lowest_running_priority`` by queue number (of ``tree.queues``), brought up to date for
         the numbers ``qs`` (the others' entries are not to be read): kept as the queues change."""
         if self._lowest_vec is None:
-            self.over_all()  # (numbers the queues: ``_queue_index``)
-            n = len(self.tree.queues)
+            n = len(self.queue_names)
             self._lowest_vec, self._lowest_known = np.full(n, math.inf), np.zeros(n, dtype=bool)
-            self._queue_names = list(self.tree.queues)
-        vec, known, names = self._lowest_vec, self._lowest_known, self._queue_names
+        vec, known, names = self._lowest_vec, self._lowest_known, self.queue_names
         for qi in qs[~known[qs]].tolist():
             vec[qi] = self.lowest_running_priority(names[qi])
             known[qi] = True
@@ -1044,7 +1044,7 @@ class Cycle:
         """``q``'s workloads that run or start changed: its lowest priority is worked out again."""
         self._lowest.pop(q, None)
         if self._lowest_known is not None:
-            self._lowest_known[self._queue_index[q]] = False
+            self._lowest_known[self.queue_index[q]] = False
 
     def _ranked(self, q: str) -> list[Workload]:
         """``q``'s preemptible running workloads (young ones too), lowest priority first; kept for

@@ -210,8 +210,7 @@ class ReclaimBudget(Budget):
             parent = path[i - 1] if i else None
             kids = by_parent.get(parent)
             if kids is None:
-                ctx.over_all()  # (numbers the queues: ``_queue_index``)
-                number, names, mem, nums = ctx._queue_index, {}, [], []
+                number, names, mem, nums = ctx.queue_index, {}, [], []
                 for s in tree.children.get(parent, ()):
                     m = tree.subtree(s.name) & among
                     if m:
@@ -1368,7 +1367,7 @@ class _Skip:
             by_first = np.argsort(lv_first, kind="stable")
             number = np.empty(len(lv), dtype=np.int64)
             number[by_first] = np.arange(len(lv))
-            names = idx._book.queues  # (the queue numbers' names)
+            names = ctx.queue_names
             f.levels = [names[i] for i in lv[by_first].tolist()]
             # ``ReclaimBudget._side``'s numbers, every side at once: the same values
             before = np.array([b._over_mine(aq) for aq in f.levels], dtype=float)

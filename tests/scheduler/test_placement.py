@@ -115,7 +115,7 @@ def test_kept_gpu_summary_follows_every_change():
         mask = state.node_mask({"gpu_model": "H100"}) if step % 7 == 0 else None
         ok, _ = feasible(state, req, mask)
         assert np.array_equal(ok, _feasible_by_definition(state, req, mask)), (step, req)
-        mx, full = state.gpu_summary()
+        mx, full, _ = state.gpu_summary()
         assert np.array_equal(mx, state.gpu_free.max(axis=1))
         assert np.array_equal(full, (state.gpu_free >= MILLI).sum(axis=1))
         if step % 3:  # (read every other step or so: changes pile up in between)
