@@ -267,7 +267,9 @@ class FragModel:
             self._log_pos = len(state.log)
             if not touched:
                 return
-            cand = np.unique(np.asarray(touched, dtype=np.int64))
+            # (a bind or a hold touches a node or two: a set of a few is cheaper than np.unique)
+            cand = (np.array(sorted(set(touched)), dtype=np.int64) if len(touched) <= 32
+                    else np.unique(np.asarray(touched, dtype=np.int64)))
             changed = (self.gpu[cand] != state.gpu_free[cand]).any(axis=1)
             changed |= self.cpu[cand] != state.cpu_free[cand]
             changed |= self.memf[cand] != state.mem_free[cand]

@@ -419,6 +419,7 @@ class DefaultPlacement(_FragPolicy):
     def __init__(self, shapes=(), seed: int = 0):
         super().__init__(top_shapes(shapes, self.threshold) if shapes else (), seed)
         self._pressure_ref = None
+        self._pressure_top = 0.0  # the highest pressure of any node (see _pressure)
         self._beta_nodes = None  # the nodes the stranded-capacity weight was worked out for
         if self.model is not None:
             self.model.measure = "hybrid"
@@ -496,6 +497,7 @@ class DefaultPlacement(_FragPolicy):
             return self._pressure_val
         rho = self._model_pressure(state)
         self._pressure_ref, self._pressure_val = self.model.m, rho[state.model_id] if len(state.nodes) else np.zeros(0)
+        self._pressure_top = float(self._pressure_val.max(initial=0.0))
         return self._pressure_val
 
     def _model_pressure(self, state) -> np.ndarray:
@@ -526,7 +528,8 @@ class DefaultPlacement(_FragPolicy):
         slack = 0
         if route:
             rho = self._pressure(state)
-            if rho[idx].max() >= self.pressure_limit:  # a contested model is among the candidates
+            # a contested model is among the candidates (none is where no node's model is)
+            if self._pressure_top >= self.pressure_limit and rho[idx].max() >= self.pressure_limit:
                 slack = self.pressure_slack
         cand = idx[val >= val.max() - slack]
         if route and cand.size > 1:
@@ -537,7 +540,7 @@ class DefaultPlacement(_FragPolicy):
         if cand.size == 1:
             return int(cand[0])
         # consolidate: nodes already in use first, then a fixed (seeded) node order
-        unused = (state.gpu_free[cand].sum(axis=1) == state.num_gpus[cand] * MILLI) & \
+        unused = (state.gpu_summary()[2][cand] == state.num_gpus[cand] * MILLI) & \
                  (state.cpu_free[cand] == state.cpu_total[cand]) & (state.mem_free[cand] == state.mem_total[cand])
         key = unused.astype(np.int64) * (1 << 40) + self.ties.get(state)[cand]
         return int(cand[np.argmin(key)])
