@@ -133,10 +133,17 @@ class ClusterState:
             self._summary_pos = len(self.log)
         elif len(self.log) > self._summary_pos:
             rows = list(set(self.log[self._summary_pos:]))
-            g = self.gpu_free[rows]
-            s[0][rows] = g.max(axis=1)
-            s[1][rows] = (g >= MILLI).sum(axis=1)
-            s[2][rows] = g.sum(axis=1)
+            if len(rows) <= 4 and self.gpu_free.shape[1]:  # (a bind or two: row by row, as lists)
+                for r in rows:
+                    row = self.gpu_free[r].tolist()
+                    s[0][r] = max(row)
+                    s[1][r] = sum(x >= MILLI for x in row)
+                    s[2][r] = sum(row)
+            else:
+                g = self.gpu_free[rows]
+                s[0][rows] = g.max(axis=1)
+                s[1][rows] = (g >= MILLI).sum(axis=1)
+                s[2][rows] = g.sum(axis=1)
             self._summary_pos = len(self.log)
         return s
 

@@ -987,6 +987,21 @@ class Cycle:
         prios = self._starting_prios.setdefault(w.queue, {})
         prios[w.priority] = prios.get(w.priority, 0) + d
 
+    def _note_started(self, ws: Iterable[Workload]) -> None:
+        """``_note_starting(w.id, +1)`` for each of ``ws`` (reserved in a run by intake), each
+        queue's lowest priority dropped once."""
+        starting, prios_of, PENDING = self._starting, self._starting_prios, Phase.PENDING
+        queues: set[str] = set()
+        for w in ws:
+            if w.phase is not PENDING or not w.preemptible or w.id in starting:
+                continue
+            starting.add(w.id)
+            queues.add(w.queue)
+            prios = prios_of.setdefault(w.queue, {})
+            prios[w.priority] = prios.get(w.priority, 0) + 1
+        for q in queues:
+            self._drop_lowest(q)
+
     def could_return(self, v: Workload, left: float, guar: float, taken: set[str]) -> bool:
         """Would ``v``, evicted with its side left holding ``left`` GPUs against a guarantee of
         ``guar``, fit back within it, preempting the lower-priority preemptible workloads of its
