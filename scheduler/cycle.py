@@ -975,30 +975,24 @@ class Cycle:
         """Note that a waiting workload starts (reserved, or bound: ``d`` +1) or no longer does
         (its reservation rolled back: -1), for ``runs_lower_priority``."""
         w = self.by_id.get(wid)
-        if w is None or w.phase is not Phase.PENDING or not w.preemptible:
-            return
-        if (wid in self._starting) == (d > 0):
-            return  # reserved, then bound: counted once
-        if d > 0:
-            self._starting.add(wid)
-        else:
-            self._starting.discard(wid)
-        self._drop_lowest(w.queue)
-        prios = self._starting_prios.setdefault(w.queue, {})
-        prios[w.priority] = prios.get(w.priority, 0) + d
+        if w is not None:
+            self._note_starts((w,), d)
 
-    def _note_started(self, ws: Iterable[Workload]) -> None:
-        """``_note_starting(w.id, +1)`` for each of ``ws`` (reserved in a run by intake), each
+    def _note_starts(self, ws: Iterable[Workload], d: int) -> None:
+        """``_note_starting`` for each of ``ws`` (intake notes a run of holders at once), each
         queue's lowest priority dropped once."""
         starting, prios_of, PENDING = self._starting, self._starting_prios, Phase.PENDING
         queues: set[str] = set()
         for w in ws:
-            if w.phase is not PENDING or not w.preemptible or w.id in starting:
-                continue
-            starting.add(w.id)
+            if w.phase is not PENDING or not w.preemptible or (w.id in starting) == (d > 0):
+                continue  # (reserved, then bound: counted once)
+            if d > 0:
+                starting.add(w.id)
+            else:
+                starting.discard(w.id)
             queues.add(w.queue)
             prios = prios_of.setdefault(w.queue, {})
-            prios[w.priority] = prios.get(w.priority, 0) + 1
+            prios[w.priority] = prios.get(w.priority, 0) + d
         for q in queues:
             self._drop_lowest(q)
 

@@ -184,7 +184,7 @@ def _take_run(ctx: Any, todo: list[tuple[Reservation, Workload]], e: _Entries, i
             p += 1
         holds_of[wid] = holds
         reservations[wid] = r
-    ctx._note_started(w for _, w in todo[i:stop])  # (as ``_note_starting`` one by one)
+    ctx._note_starts((w for _, w in todo[i:stop]), +1)
     for q in queues:
         ctx._changing(q)
     ctx._held_all = None
