@@ -7,7 +7,8 @@ to its share), skips victims its ``Budget`` refuses, stops as soon as the worklo
 then prunes victims that turned out unnecessary. When the first attempt had to skip a victim (a
 whole gang its budget refused after cheaper victims of the same queue were taken, say), further
 attempts start from each refused victim, and one takes the largest victims first. The best plan
-wins: least work lost, then fewest victims, then the most over-quota queues, then node name.
+wins: least work lost, then fewest victims, then the most over-quota queues, then node name
+(among the nodes the walk reaches: it stops at the first whose bound equals the best plan's cost).
 
 A single-pod workload is planned node by node (its pod needs room on one node); a gang over the
 whole cluster. Budgets are the policy hooks: ``Budget`` (any victim; priority preemption within
