@@ -722,6 +722,11 @@ class _VictimIndex:
         self._by_slot: tuple | None = None  # see ``entries``
         self._dead: np.ndarray | None = None  # see ``evicted_entries``
         self._applied: set[str] = set()
+        self._live: dict[int, tuple] = {}  # see ``live``
+        self._dead_log: list[np.ndarray] = []  # the entries ``evicted_entries`` marked, step by step
+        # a view's marks (by id, the array kept) -> (the marks, its entries, the GPU milli of its
+        # larger entries before each on the node): ``_Skip.beyond``'s parts that stay for the cycle
+        self.freed_before: dict[int, tuple] = {}
 
     def facts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per entry, its victim's GPUs and priority (arrays, made when a walk first needs them)."""
@@ -734,11 +739,40 @@ class _VictimIndex:
         victims are evicted, and worked out again when one was taken back (a rolled-back plan)."""
         if self._dead is None or not self._applied <= evicted:
             self._dead, self._applied = np.zeros(len(self.slot), dtype=bool), set()
+            self._dead_log = []
+            self._live.clear()
         new = evicted - self._applied
         if new:
-            self._dead[self.entries(new)] = True
+            at = np.array(self.entries(new), dtype=np.int64)
+            self._dead[at] = True
+            self._dead_log.append(at)
             self._applied |= new
         return self._dead
+
+    def live(self, sel: np.ndarray, evicted: set[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per entry, is its victim of a queue ``sel`` marks (by queue number) and not
+        ``evicted``; and per run, how many such entries and the GPU milli they hold. Kept for
+        the marks (the same array: a view's), brought up to date with the entries evicted since."""
+        dead = self.evicted_entries(evicted)
+        log = self._dead_log
+        hit = self._live.get(id(sel))
+        if hit is not None and hit[0] is sel:
+            live, count, room = hit[2]
+            if hit[1] < len(log):
+                at = np.concatenate(log[hit[1]:])
+                at = at[live[at]]  # (those still counted)
+                live, count, room = live.copy(), count.copy(), room.copy()
+                live[at] = False
+                np.subtract.at(count, self.run_of[at], 1)
+                np.subtract.at(room, self.run_of[at], self.milli[at])
+        else:
+            live = sel[self.queue] & ~dead
+            starts = self.starts
+            count = np.add.reduceat(live.astype(np.int64), starts)
+            room = np.add.reduceat(np.where(live, self.milli, 0), starts)
+        out = (live, count, room)
+        self._live[id(sel)] = (sel, len(log), out)  # (``sel`` kept: its id is not reused meanwhile)
+        return out
 
     def entries_of_queues(self, queues: list[int]) -> np.ndarray:
         """The entries of these queues (numbers), as an array."""
@@ -1316,15 +1350,16 @@ class _Skip:
         queues, largest first, that free what is short there, each losing at least the least work
         one loses there)? The same arithmetic as that bound, for every node at once; the walk
         would skip such a node on that bound (or stop at it)."""
-        theirs = sel[idx.queue]
-        milli = np.where(theirs, idx.milli, 0)
-        starts = idx.starts
-        total = np.cumsum(milli)
-        before = total - milli  # freed by the larger entries before each one, from the index's start
-        run = idx.run_of
+        hit = idx.freed_before.get(id(sel))
+        if hit is None or hit[0] is not sel:
+            theirs = sel[idx.queue]
+            milli = np.where(theirs, idx.milli, 0)
+            before = np.cumsum(milli) - milli  # freed by the larger entries before each one, from the index's start
+            hit = idx.freed_before[id(sel)] = (sel, theirs, before - before[idx.starts][idx.run_of])  # (within its run)
+        _, theirs, before = hit
         short = need - free[idx.nodes]
-        counted = theirs & (before - before[starts][run] < short[run])
-        fewest = np.maximum(np.add.reduceat(counted.astype(np.int64), starts), 1)
+        counted = theirs & (before < short[idx.run_of])
+        fewest = np.maximum(np.add.reduceat(counted.astype(np.int64), idx.starts), 1)
         lost = np.rint((fewest * least - 1e-7) * 1e6) / 1e6
         b0, b1 = self.best[0], self.best[1]
         return (lost > b0) | ((lost == b0) & (fewest > b1))
@@ -1348,7 +1383,12 @@ class _Skip:
             anc, depth = anc
             mine = np.array([idx.qn[x] for x in ctx.tree.path(r)], dtype=np.int64)
             k = min(len(mine), anc.shape[1])
-            common = np.cumprod(anc[:, :k] == mine[None, :k], axis=1).sum(axis=1)  # as ``QueueTree.split``
+            # how many of the reclaimer's ancestors each queue shares (as ``QueueTree.split``)
+            same = np.ones(len(anc), dtype=bool)
+            common = np.zeros(len(anc), dtype=np.int64)
+            for i, x in enumerate(mine[:k].tolist()):
+                same &= anc[:, i] == x
+                common += same
             sd = np.minimum(common, depth - 1)
             hit = memo[r] = (anc[np.arange(len(anc)), sd], sd, anc, mine[np.minimum(common, len(mine) - 1)])
         return hit
@@ -1358,22 +1398,11 @@ class _Skip:
         walk: ``sel`` is the walk's)."""
         if self._facts is None:
             b, ctx = self.budget, self.ctx
-            side, _, _, aq_of = self._sides(idx)
             f = self._facts = _SideFacts(len(idx.qn))
-            cand = np.flatnonzero(sel)
-            sides, first = np.unique(side[cand], return_index=True)
-            # the reclaimer's side against each (a level), numbered as the sides first name it
-            aqs = aq_of[cand[first]]
-            lv, lv_first, lv_of = np.unique(aqs, return_index=True, return_inverse=True)
-            by_first = np.argsort(lv_first, kind="stable")
-            number = np.empty(len(lv), dtype=np.int64)
-            number[by_first] = np.arange(len(lv))
-            names = ctx.queue_names
-            f.levels = [names[i] for i in lv[by_first].tolist()]
+            sides, level, f.levels = self._side_levels(idx, sel)
             # ``ReclaimBudget._side``'s numbers, every side at once: the same values
             before = np.array([b._over_mine(aq) for aq in f.levels], dtype=float)
             within = np.array([b._within(aq) for aq in f.levels], dtype=bool)
-            level = number[lv_of.reshape(-1)]
             held, guar = ctx.held_all()[sides], ctx.guar_all()[sides]
             f.over[sides], f.held[sides], f.guar[sides] = ctx.over_all()[sides], held, guar
             f.before[sides] = before[level]
@@ -1381,12 +1410,26 @@ class _Skip:
             f.level[sides] = level
         return self._facts
 
-    def _live(self, idx: _VictimIndex, sel: np.ndarray) -> np.ndarray:
-        """Per entry: is its victim of a candidate queue, and not evicted?"""
-        live = sel[idx.queue]
-        if self.ctx.evicted:
-            live = live & ~idx.evicted_entries(self.ctx.evicted)
-        return live
+    def _side_levels(self, idx: _VictimIndex, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """The sides of the candidate queues (``sel``) against the reclaimer (queue numbers, in
+        order), the level of each (an index into the last list: the reclaimer's side against it,
+        numbered as the sides first name it) and those levels' names. Kept for the cycle, per
+        reclaimer and ``sel`` (a view's, kept with it)."""
+        memo = self.ctx.cache.setdefault("reclaim-side-levels", {})
+        key = (self.budget.reclaimer, id(sel))
+        hit = memo.get(key)
+        if hit is None or hit[0] is not sel:
+            side, _, _, aq_of = self._sides(idx)
+            cand = np.flatnonzero(sel)
+            sides, first = np.unique(side[cand], return_index=True)
+            aqs = aq_of[cand[first]]
+            lv, lv_first, lv_of = np.unique(aqs, return_index=True, return_inverse=True)
+            by_first = np.argsort(lv_first, kind="stable")
+            number = np.empty(len(lv), dtype=np.int64)
+            number[by_first] = np.arange(len(lv))
+            names = self.ctx.queue_names
+            hit = memo[key] = (sel, sides, number[lv_of.reshape(-1)], [names[i] for i in lv[by_first].tolist()])
+        return hit[1], hit[2], hit[3]
 
     def never_closer_runs(self, idx: _VictimIndex, sel: np.ndarray, refused: np.ndarray,
                           judged: np.ndarray) -> np.ndarray:
@@ -1402,13 +1445,13 @@ class _Skip:
         side = self._sides(idx)[0]
         amt = idx.facts()[0]
         starts = idx.starts
-        live = self._live(idx, sel)
+        live, count, _ = idx.live(sel, self.ctx.evicted)
         se = side[idx.queue]
-        out = judged & ~refused & (np.add.reduceat(live.astype(np.int64), starts) >= 2)
+        out = judged & ~refused & (count >= 2)
         out &= ~np.logical_or.reduceat(live & f.unknown[se], starts)  # the guarantee rule may take one
-        at = np.flatnonzero(live)
-        if not at.size or not out.any():
+        if not out.any():
             return out
+        at = np.flatnonzero(live & out[idx.run_of])  # (the victims of the nodes still in question)
         # one group per (node, level where the victims' sides meet the reclaimer's)
         nl = len(f.levels)
         s_e = se[at]
@@ -1450,19 +1493,21 @@ class _Skip:
         above = f.over > EPS
         # the least excess over fair share of the queues below each queue's side, down to it
         over_q = ctx.over_all()
-        cols = np.arange(anc.shape[1])[None, :]
-        below = np.where((anc >= 0) & (cols > sd[:, None]), over_q[anc], np.inf).min(axis=1)
+        masks = ctx.cache.setdefault("reclaim-below-sides", {})  # per reclaimer: the ancestries below each side
+        inner = masks.get(self.budget.reclaimer)
+        if inner is None:
+            inner = masks[self.budget.reclaimer] = (anc >= 0) & (np.arange(anc.shape[1])[None, :] > sd[:, None])
+        below = np.where(inner, over_q[anc], np.inf).min(axis=1)
         se = side[q]
-        live = self._live(idx, sel)
+        live, count, room = idx.live(sel, ctx.evicted)
         may = live & share[se] & ((held[se] - amt >= guar[se] - EPS) | above[se]) & ~(below[q] + EPS < amt / 2.0)
         may &= ~unknown[se]
         if may.any():  # a queue running lower-priority workloads keeps its higher ones
-            may &= ~(ctx.lowest_running_priorities(np.unique(q[may]))[q] < prio)
+            marked = np.zeros(len(idx.qn), dtype=bool)
+            marked[q[may]] = True
+            may &= ~(ctx.lowest_running_priorities(np.flatnonzero(marked))[q] < prio)
         blocks = may | (live & unknown[se])
-        starts = idx.starts
-        refused = ~np.logical_or.reduceat(blocks, starts)
-        count = np.add.reduceat(live.astype(np.int64), starts)
-        room = np.add.reduceat(np.where(live, idx.milli, 0), starts)
+        refused = ~np.logical_or.reduceat(blocks, idx.starts)
         judged = (count > 0) & (room + free[idx.nodes] >= need)
         return refused, judged
 
