@@ -133,30 +133,57 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def never_runs(w: Workload, scenario: Scenario) -> str | None:
+def never_runs(w: Workload, scenario: Scenario, cache: dict | None = None) -> str | None:
     """Why ``w`` can never run in this cluster and queue tree, or None. Decided from the specs
     alone (capacity of matching nodes, quotas and limits), never from the current load. With node
-    pools: when it can run in none of the pools it may use (the reason its first pool gives)."""
+    pools: when it can run in none of the pools it may use (the reason its first pool gives).
+    ``cache``: a dict kept by the caller for one scenario, where the nodes' part of the answer is
+    kept per request and pool (it does not depend on the queue)."""
     pools = sorted({n.pool for n in scenario.nodes})
+    cache = {} if cache is None else cache
     if len(pools) <= 1 and not w.pools and not any(q.pools for q in scenario.queues):
-        return _never_runs_in(w, scenario.nodes, scenario.queues)
+        return _never_runs_in(w, scenario.nodes, scenario.queues, cache, None)
     allowed = [p for p in w.pools if p in pools] if w.pools else pools
     if not allowed:
         return f"no node in node pool {', '.join(w.pools)}"
     first = None
     for p in allowed:
-        why = _never_runs_in(w, [n for n in scenario.nodes if n.pool == p], [q.in_pool(p) for q in scenario.queues])
+        specs = cache.get(("pool", p))
+        if specs is None:
+            specs = cache["pool", p] = ([n for n in scenario.nodes if n.pool == p], [q.in_pool(p) for q in scenario.queues])
+        why = _never_runs_in(w, *specs, cache, p)
         if why is None:
             return None
         first = first or f"in node pool {p}: {why}"
     return first
 
 
-def _never_runs_in(w: Workload, all_nodes: list, queue_specs: list) -> str | None:
-    nodes = [n for n in all_nodes if n.schedulable and _matches(n, w.node_selector)]
+def _never_runs_in(w: Workload, all_nodes: list, queue_specs: list, cache: dict, pool: str | None) -> str | None:
+    key = (pool, w.gpus, w.gpu_memory, w.cpu, w.memory, w.pods, tuple(sorted(w.node_selector.items())))
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = _on_nodes(w, all_nodes)
+    why, share = hit
+    if why is not None:
+        return why
+    return _in_queues(w, queue_specs, share * w.pods)
+
+
+def _on_nodes(w: Workload, all_nodes: list) -> tuple[str | None, float]:
+    """Why ``w`` fits none of ``all_nodes`` (empty), else None and the least GPU share one of its
+    pods takes. Nodes of one shape are judged once (a large cluster has a few shapes)."""
+    shapes: dict[tuple, list] = {}  # (cpu, memory, gpus, gpu memory) -> [a node of it, how many]
+    for n in all_nodes:
+        if n.schedulable and _matches(n, w.node_selector):
+            hit = shapes.get((n.cpu, n.memory, n.gpus, n.gpu_memory))
+            if hit is None:
+                shapes[(n.cpu, n.memory, n.gpus, n.gpu_memory)] = [n, 1]
+            else:
+                hit[1] += 1
+    nodes = [n for n, _ in shapes.values()]
     if not nodes:
         sel = ", ".join(f"{k}={v}" for k, v in w.node_selector.items())
-        return f"node_selector {sel} matches no node"
+        return f"node_selector {sel} matches no node", 0.0
 
     def pods_fit(n) -> tuple[int, float]:
         """How many of w's pods node n could hold when empty, and the GPU share one pod takes."""
@@ -177,24 +204,29 @@ def _never_runs_in(w: Workload, all_nodes: list, queue_specs: list) -> str | Non
             return min(limit, n.gpus * (MILLI // milli)), milli / MILLI
         return min(limit, n.gpus // int(w.gpus)), float(w.gpus)
 
-    fits = [(n, *pods_fit(n)) for n in nodes]
-    usable = [(n, k, share) for n, k, share in fits if k > 0]
+    fits = [(n, *pods_fit(n), count) for n, count in shapes.values()]
+    usable = [(n, k, share, count) for n, k, share, count in fits if k > 0]
     if not usable:
         if w.gpu_memory > 0:
             biggest = max(n.gpu_memory for n in nodes)
             return (f"needs a GPU with {w.gpu_memory / 2**30:g}Gi of memory per pod; the largest matching "
-                    f"GPU has {biggest / 2**30:g}Gi" if biggest else "needs GPU memory but no matching node declares gpu_memory")
+                    f"GPU has {biggest / 2**30:g}Gi" if biggest else "needs GPU memory but no matching node declares gpu_memory"), 0.0
         if w.gpus >= 1 and max(n.gpus for n in nodes) < w.gpus:
             return (f"needs {_fmt(w.gpus)} GPUs per pod; the largest matching node has "
-                    f"{max(n.gpus for n in nodes)}")
+                    f"{max(n.gpus for n in nodes)}"), 0.0
         if 0 < w.gpus < 1 and max(n.gpus for n in nodes) < 1:
-            return "needs a GPU but no matching node has one"
-        return "no matching node has enough CPU or memory for one pod"
-    if sum(k for _, k, _ in usable) < w.pods:
+            return "needs a GPU but no matching node has one", 0.0
+        return "no matching node has enough CPU or memory for one pod", 0.0
+    most = sum(k * count for _, k, _, count in usable)
+    if most < w.pods:
         return (f"a gang of {w.pods} pods that must start together; the matching nodes can hold at most "
-                f"{sum(k for _, k, _ in usable)} of them")
-    share = min(s for _, _, s in usable)  # the least GPU share one pod can take
-    total = share * w.pods
+                f"{most} of them"), 0.0
+    return None, min(s for _, _, s, _ in usable)  # the least GPU share one pod can take
+
+
+def _in_queues(w: Workload, queue_specs: list, total: float) -> str | None:
+    """Why ``w``, taking ``total`` GPUs at least, can never run under its queue's quota and the
+    limits above it, or None."""
     queues = {q.name: q for q in queue_specs}
     q = queues[w.queue]
     if not w.preemptible:
@@ -240,6 +272,7 @@ class Engine:
         self.sims = [SimWorkload(e, i) for i, e in enumerate(fresh_workloads(scenario))]
         self.reservations: list = []  # the last cycle's, for the next snapshot
         self._never: dict[tuple, str | None] = {}
+        self._never_nodes: dict[tuple, tuple] = {}  # ``never_runs``'s cache of the nodes' part
         self.by_name = {s.name: s for s in self.sims}
         self.node_names = {n.name: n for n in scenario.nodes}
         # the inventory as the scheduler sees it now: a node that failed or is drained stays
@@ -380,7 +413,7 @@ class Engine:
                    tuple(sorted(w.node_selector.items())))
             why = self._never.get(key, ())  # decided from the specs alone: the same request, the same answer
             if why == ():
-                why = self._never[key] = never_runs(w, self.scenario)
+                why = self._never[key] = never_runs(w, self.scenario, self._never_nodes)
             if why:
                 sw.state, sw.rejected = "rejected", why
                 sw.finished_at = None
