@@ -58,6 +58,33 @@ class Budget:
         return True
 
 
+class QueueSet:
+    """A set of queues as a mark per queue number (of ``tree.queues``): what a reclaim's candidate
+    queues are, made side by side without a set of names (``ReclaimBudget.candidate_queues``),
+    and what a walk's queue views are keyed by. Reads as a set of names."""
+
+    __slots__ = ("mask", "_index", "_marks")
+
+    def __init__(self, mask: np.ndarray, index: dict[str, int]):
+        self.mask, self._index, self._marks = mask, index, None
+
+    def __contains__(self, q: str) -> bool:
+        if self._marks is None:
+            self._marks = self.mask.tolist()
+        i = self._index.get(q)
+        return i is not None and self._marks[i]
+
+    def __bool__(self) -> bool:
+        return bool(self.mask.any())
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.mask))
+
+    def __iter__(self) -> Iterator[str]:
+        names = list(self._index)
+        return (names[i] for i in np.flatnonzero(self.mask).tolist())
+
+
 class ReclaimBudget(Budget):
     """Which borrowers a reclaim may take. Queues are compared where their ancestries split (the
     reclaimer's side and the victim's side), each against its **guarantee** (its deserved quota,
@@ -163,30 +190,33 @@ class ReclaimBudget(Budget):
         above_share, above_guarantee = self.ctx.side_flags(side)
         return above_share or (within and above_guarantee)
 
-    def candidate_queues(self, queues: Iterable[str]) -> set[str]:
+    def candidate_queues(self, queues: Iterable[str]) -> QueueSet:
         """The queues among ``queues``, the reclaimer's own left out, that ``candidate_side``
         admits. Queues whose ancestries part from the reclaimer's at the same place share a side,
         so each sibling subtree along the reclaimer's path is judged once, all of them at once
         from the cycle's per-queue numbers (``Cycle.side_flags``'s tests; the grouping is kept
-        for the cycle, per reclaimer and ``queues`` object)."""
+        for the cycle, per reclaimer and ``queues`` object), and its members marked at once."""
         groups, alone = self._groups(queues)
-        out: set[str] = set()
+        ctx = self.ctx
+        mask = np.zeros(len(ctx.queue_names), dtype=bool)
         if groups[0]:
             members, sides, level, levels = groups
-            ctx = self.ctx
             within = np.array([self._within(aq) for aq in levels], dtype=bool)
             over, held, guar = ctx.over_all()[sides], ctx.held_all()[sides], ctx.guar_all()[sides]
             admitted = (over > EPS) | (within[level] & (held > guar + EPS))  # ``_admits``, side by side
-            out = out.union(*itertools.compress(members, admitted.tolist()))
+            picked = list(itertools.compress(members, admitted.tolist()))
+            if picked:
+                mask[np.concatenate(picked)] = True
+        index = ctx.queue_index
         for q in alone:
             if self.candidate_side(q):
-                out.add(q)
-        return out
+                mask[index[q]] = True
+        return QueueSet(mask, index)
 
-    def _groups(self, queues: Iterable[str]) -> tuple[tuple[list[set[str]], np.ndarray, np.ndarray, list[str]],
+    def _groups(self, queues: Iterable[str]) -> tuple[tuple[list[np.ndarray], np.ndarray, np.ndarray, list[str]],
                                                       list[str]]:
         """``queues`` split into sides of the reclaimer: per sibling subtree along its path, its
-        members, the side (a queue number of ``tree.queues``) and the reclaimer's side against it
+        members (queue numbers), the side (a queue number of ``tree.queues``) and the reclaimer's side against it
         (an index into the last list, of those names); and the reclaimer's ancestors and
         descendants among them (queues that hold workloads themselves, each its own side)."""
         ctx, r = self.ctx, self.reclaimer
@@ -201,7 +231,7 @@ class ReclaimBudget(Budget):
         if hit is None or hit[0] is not queues:
             hit = shared[id(queues)] = (queues, set(queues), {})
         among, by_parent = hit[1], hit[2]
-        members: list[set[str]] = []
+        members: list[np.ndarray] = []  # each subtree's members among ``queues``, as queue numbers
         sides: list[int] = []
         level: list[int] = []
         path = tree.path(r)
@@ -216,7 +246,7 @@ class ReclaimBudget(Budget):
                     m = tree.subtree(s.name) & among
                     if m:
                         names[s.name] = len(mem)
-                        mem.append(m)
+                        mem.append(np.fromiter(map(number.__getitem__, m), dtype=np.int64, count=len(m)))
                         nums.append(number[s.name])
                 kids = by_parent[parent] = (names, mem, nums)
             names, mem, nums = kids
@@ -712,8 +742,8 @@ class _VictimIndex:
         # node's victims by these without reading the workloads)
         self.per_node: dict[int, list[tuple[Workload, int]]] = book.per_node
         self.per_node_q: dict[int, list[tuple[int, str]]] = book.per_node_q
-        self.views: dict[frozenset, tuple] = {}  # candidate queues -> ``_queue_view``
-        self.last_view: tuple[frozenset, tuple] | None = None  # the view last asked for
+        self.views: dict[bytes, tuple] = {}  # candidate queues (their marks' bytes) -> ``_queue_view``
+        self.last_view: tuple[bytes, tuple] | None = None  # the view last asked for
         self._by_queue: tuple[np.ndarray, np.ndarray] | None = None  # see ``entries_of_queues``
         self.queue_l = self.queue.tolist()
         self.milli_l = self.milli.tolist()
@@ -810,10 +840,10 @@ def _index(ctx: Cycle) -> _VictimIndex:
 DERIVE_MAX = 64  # queues in or out of the last view up to which a view is derived from it
 
 
-def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
-    """What ``_nodes_from_index`` needs of the index for one set of candidate queues, whatever
-    the state (kept for the cycle: reclaimers of one side ask for the same queues again): the
-    GPU milli their entries hold per node, the least work one of their victims
+def _queue_view(idx: _VictimIndex, queues: Iterable[str]) -> tuple:
+    """What ``_nodes_from_index`` needs of the index for one set of candidate queues (names, or a
+    ``QueueSet``), whatever the state (kept for the cycle: reclaimers of one side ask for the same
+    queues again): the GPU milli their entries hold per node, the least work one of their victims
     loses per node (and rounded as plans' costs are), their entries that hold GPUs, and which
     queues are theirs (a list by queue number: read entry by entry, node by node; and as an
     array); and which entries are theirs.
@@ -822,39 +852,43 @@ def _queue_view(idx: _VictimIndex, queues: set[str]) -> tuple:
     (a plan made moves a few queues over or under their shares): then the view is the last one's
     with the entries of those few queues put in or taken out (``_derived_view``), the same
     numbers for a fraction of the passes over every entry."""
-    key = frozenset(queues)
+    if isinstance(queues, QueueSet):
+        sel = queues.mask
+    else:
+        sel = np.zeros(len(idx.qn), dtype=bool)
+        sel[np.fromiter(map(idx.qn.__getitem__, queues), dtype=np.int64, count=len(queues))] = True
+    key = sel.tobytes()
     hit = idx.views.get(key)
     if hit is None:
         last = idx.last_view
         if last is not None:
-            gone, new = last[0] - key, key - last[0]
+            before = last[1][5]
+            gone, new = np.flatnonzero(before & ~sel), np.flatnonzero(sel & ~before)
             if len(gone) + len(new) <= DERIVE_MAX:
-                hit = _derived_view(idx, last[1], gone, new)
+                hit = _derived_view(idx, last[1], gone.tolist(), new.tolist())
         if hit is None:
-            hit = _fresh_view(idx, queues)
+            hit = _fresh_view(idx, sel.copy())
         idx.views[key] = hit
     idx.last_view = (key, hit)
     return hit
 
 
-def _fresh_view(idx: _VictimIndex, queues: set[str]) -> tuple:
-    """``_queue_view`` worked out from every entry."""
-    sel = np.zeros(len(idx.qn), dtype=bool)
-    sel[np.fromiter(map(idx.qn.__getitem__, queues), dtype=np.int64, count=len(queues))] = True
+def _fresh_view(idx: _VictimIndex, sel: np.ndarray) -> tuple:
+    """``_queue_view`` worked out from every entry, for the queues ``sel`` marks (by number; the
+    view keeps the array)."""
     mine = sel[idx.queue]
     least = np.minimum.reduceat(np.where(mine, idx.cost, np.inf), idx.starts)
     return (np.add.reduceat(np.where(mine, idx.milli, 0), idx.starts), least, np.round(least, 6),
             _holding(idx, mine), sel.tolist(), sel, mine)
 
 
-def _derived_view(idx: _VictimIndex, base: tuple, gone: Iterable[str], new: Iterable[str]) -> tuple:
-    """``_queue_view`` of the queues of ``base`` less ``gone`` plus ``new``, worked out from
-    ``base``: the room per node by the entries that come or go (integers), the least work lost
-    afresh on the nodes those entries are on (a minimum: the same whatever else is there), and
-    the entry and queue marks."""
+def _derived_view(idx: _VictimIndex, base: tuple, gone: list[int], new: list[int]) -> tuple:
+    """``_queue_view`` of the queues of ``base`` less ``gone`` plus ``new`` (queue numbers), worked
+    out from ``base``: the room per node by the entries that come or go (integers), the least work
+    lost afresh on the nodes those entries are on (a minimum: the same whatever else is there),
+    and the entry and queue marks."""
     room, least, rounded, _, _, sel, mine = base
-    qn = idx.qn
-    on, off = [qn[q] for q in new], [qn[q] for q in gone]
+    on, off = new, gone
     sel, mine = sel.copy(), mine.copy()
     sel[on], sel[off] = True, False
     e_on, e_off = idx.entries_of_queues(on), idx.entries_of_queues(off)
@@ -864,7 +898,9 @@ def _derived_view(idx: _VictimIndex, base: tuple, gone: Iterable[str], new: Iter
         room, least, rounded = room.copy(), least.copy(), rounded.copy()
         np.add.at(room, idx.run_of[e_on], idx.milli[e_on])
         np.subtract.at(room, idx.run_of[e_off], idx.milli[e_off])
-        runs = np.unique(idx.run_of[touched])
+        marked = np.zeros(len(idx.starts), dtype=bool)
+        marked[idx.run_of[touched]] = True
+        runs = np.flatnonzero(marked)  # (the runs touched, in order)
         lo, n = idx.starts[runs], idx.lengths[runs]
         at = np.cumsum(n) - n  # where each run's entries open in ``ent``
         ent = np.arange(int(n.sum())) + np.repeat(lo - at, n)
