@@ -6,7 +6,8 @@ fair share re-evaluated after each choice (so a plan stops taking from a queue t
 to its share), skips victims its ``Budget`` refuses, stops as soon as the workload fits, and
 then prunes victims that turned out unnecessary. When the first attempt had to skip a victim (a
 whole gang its budget refused after cheaper victims of the same queue were taken, say), further
-attempts start from each refused victim, and one takes the largest victims first. The best plan
+attempts start from each refused victim (not from one the budget refuses even before any victim
+is taken: that attempt would replay the first), and one takes the largest victims first. The best plan
 wins: least work lost, then fewest victims, then the most over-quota queues, then node name
 (among the nodes the walk reaches: it stops at the first whose bound equals the best plan's cost).
 
@@ -508,13 +509,18 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
     st = Statement(ctx, ctx.future)
     attempts: list[tuple[Workload | None, bool]] = [(None, False)]
     tried = 0
+    first_pass: tuple | None = None  # its refused victims, the refusal it left, and whether ``accepts`` turned it down
     while attempts and tried < MAX_ATTEMPTS:
         first, largest = attempts.pop(0)
         tried += 1
+        if first is not None and cycle.SHORTCUTS and _replays(budget, first, first_pass):
+            budget.refused, budget.why = first_pass[1]
+            continue
         chosen, refused = pool.greedy(st, budget, done, first, largest)
         if chosen:
             chosen = _prune(ctx, st, chosen, done)
-        if chosen and not budget.accepts(chosen):
+        turned_down = bool(chosen) and not budget.accepts(chosen)
+        if turned_down:
             chosen = []
         if chosen:  # (empty after pruning: it fits without victims, which is no plan to make)
             cost = _cost(ctx, chosen)
@@ -522,11 +528,30 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
                 best = (cost, chosen)
         st.rollback()
         if tried == 1:
+            first_pass = (refused, (budget.refused, getattr(budget, "why", None)), turned_down)
             if refused:  # the first pass had to skip victims: try starting from them
                 attempts.extend((v, False) for v in refused[:MAX_ATTEMPTS - 2])
             if refused or len(chosen) > 1:  # fewer, larger victims may lose no more work
                 attempts.append((None, True))
     return best
+
+
+def _replays(budget: Budget, v: Workload, first_pass: tuple) -> bool:
+    """Would the pass that starts from ``v``, a victim the first pass refused, only replay the
+    first pass? So it is when the budget refuses ``v`` even before any victim is taken: the pass
+    then takes what the first took, in the same order (a refusal changes nothing the budget or
+    the view reads), and plans the same. It also leaves the same refusal in the budget, the last
+    one it met (or ``accepts``'s), unless ``v`` was the first pass's last refusal: then the pass is
+    made."""
+    refused, _, turned_down = first_pass
+    if refused[-1] is v and not turned_down:
+        return False
+    left = (budget.refused, budget.why)
+    budget.reset()
+    go = budget.allows(v)
+    budget.reset()
+    budget.refused, budget.why = left
+    return not go
 
 
 def plan(ctx: Cycle, c: Candidate, victims: list[Workload] | None, budget: Budget,

@@ -8,7 +8,9 @@ whose victims its budget can only refuse (``plan._Refusals``: refused first, a p
 refused before, or no plan of them bringing the shares closer to fair), leaving the refusal the
 search would have left, and a long walk marks such nodes, and those that cannot beat the plan
 found, for the whole index at once (``plan._Skip``); once a plan is found, a node where the
-victims a search could take cannot beat it is not searched (``_Refusals.cannot_beat``). All are pure optimisations: whole simulations of random contended
+victims a search could take cannot beat it is not searched (``_Refusals.cannot_beat``); a
+search makes no pass from a victim its budget refuses even before any is taken, which would
+replay its first pass (``plan._replays``). All are pure optimisations: whole simulations of random contended
 scenarios (the guarantee properties' generator: gangs, fractions, priorities, limits, reclaims,
 reservations) must give byte-identical reports, reasons included, with the shortcuts on and off.
 """
@@ -346,6 +348,25 @@ def test_a_churn_walk_derives_its_queue_views_as_worked_out_afresh(monkeypatch, 
     from every entry. (The random scenarios above make one or two plans a cycle: they derive
     none.)"""
     assert _views_derived_as_fresh(monkeypatch, _churn(*shape), 0) > 20
+
+
+def test_a_churn_search_skips_the_passes_that_replay_its_first(monkeypatch):
+    """The benchmark's churning cluster, small: a reclaim's search whose first pass refused
+    victims tries a pass from each; from a victim the budget refuses even before any is taken,
+    that pass would take what the first took (``plan._replays``), so it is not made. Many are
+    skipped, and the simulation (reasons included) is the one with every pass made."""
+    real, skipped = plan._replays, [0]
+
+    def counted(budget, v, first_pass):
+        out = real(budget, v, first_pass)
+        skipped[0] += out
+        return out
+    monkeypatch.setattr(plan, "_replays", counted)
+    data = _churn(80, 120, 2400)
+    fast = report_text(data, 0)
+    assert skipped[0] > 20
+    monkeypatch.setattr(plan, "_replays", lambda budget, v, first_pass: False)
+    assert report_text(data, 0) == fast
 
 
 def test_a_churn_reclaim_asks_each_side_once_and_admits_as_queue_by_queue(monkeypatch):
