@@ -397,13 +397,25 @@ class _Pool:
         t = ctx.now_t
         cost = ctx.victim_cost
         # each victim's ``victim_key`` less the queue's excess (constant within a queue): the work
-        # it loses, its priority, its start (negated), its id; worked out once for the passes
+        # it loses, its priority, its start (negated), its id; fixed for the cycle, so worked out
+        # once per victim for every search (and sorted by: no two victims share an id)
+        known = ctx.cache.get("victim-order-keys")
+        if known is None:
+            known = ctx.cache["victim-order-keys"] = {}
         self.keys = keys = {}
         for q, lst in groups.items():
-            ks = [(cost(v), v.priority, -(v.started_at if v.started_at is not None else t), v.id) for v in lst]
-            order = sorted(range(len(lst)), key=ks.__getitem__)
-            groups[q] = [lst[i] for i in order]
-            keys[q] = [ks[i] for i in order]
+            ks = []
+            for v in lst:
+                k = known.get(v.id)
+                if k is None:
+                    k = known[v.id] = (cost(v), v.priority, -(v.started_at if v.started_at is not None else t), v.id)
+                ks.append(k)
+            if len(lst) > 1:
+                pairs = sorted(zip(ks, lst), key=_FIRST)
+                groups[q] = [v for _, v in pairs]
+                keys[q] = [k for k, _ in pairs]
+            else:
+                keys[q] = ks
         self.groups = groups
         self.excess = excess = {q: ctx.over(q) for q in groups}
         # every queue's first victim, by its key with nothing gone yet: the start of each pass

@@ -46,7 +46,7 @@ def test_the_heap_picks_what_a_scan_of_every_queue_picks(victims, overs, steps):
     cost = {w.id: c for w, (_, c, *_rest) in zip(ws, victims)}
     amounts = {w.id: (w.gpus, 0.0, 0.0) for w in ws}
     ctx = SimpleNamespace(now_t=100.0, victim_cost=lambda v: cost[v.id], over=lambda q: overs[int(q[1:])],
-                          amounts=amounts)
+                          amounts=amounts, cache={})
     pool = plan._Pool(ctx, ws)
     heads = pool.heads.copy()
     idx = {q: 0 for q in pool.groups}
