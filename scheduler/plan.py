@@ -28,6 +28,7 @@ import numpy as np
 from . import cycle
 from .cycle import Candidate, Cycle, Statement, fits_on
 from .fairshare import EPS
+from .model import MILLI
 from .model import PodPlacement, Workload
 from .victims import lost_gpu_seconds_all
 
@@ -545,7 +546,48 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
                 attempts.extend((v, False) for v in refused[:MAX_ATTEMPTS - 2])
             if refused or len(chosen) > 1:  # fewer, larger victims may lose no more work
                 attempts.append((None, True))
+    if best is None and first_pass is not None and first_pass[0] and c.req.milli == MILLI and not c.req.gpu_memory:
+        best = _whole_gpus_only(ctx, victims, budget, st, done)
     return best
+
+
+def _whole_gpus_only(ctx: Cycle, victims: list[Workload], budget: Budget, st: Statement,
+                     done: Callable[[float], bool]) -> tuple[tuple, list[Workload]] | None:
+    """One more pass for a workload of whole GPUs that no pass could plan for because its budget
+    refused victims: over only the victims on GPUs that the victims there could free whole. A
+    fraction sharing its GPU with a workload that stays frees nothing such a workload can use,
+    yet the passes above may take it and run into a guarantee before they reach victims that
+    would make room. Nothing changes where a plan was found; a pass that finds none leaves the
+    refusal the others left."""
+    fut = ctx.future
+    index = fut.index
+    held: dict[tuple[int, int], int] = {}  # (node, GPU) -> the GPU milli the victims hold there
+    for v in victims:
+        for p in v.placements:
+            n = index.get(p.node)
+            if n is not None:
+                for g in p.gpus:
+                    held[n, g] = held.get((n, g), 0) + p.milli
+    useful = []
+    for v in victims:
+        for p in v.placements:
+            n = index.get(p.node)
+            if n is None or not fut.schedulable[n] or any(
+                    int(fut.gpu_free[n, g]) + held[n, g] < MILLI for g in p.gpus):
+                break
+        else:
+            useful.append(v)
+    if not useful or len(useful) == len(victims):
+        return None
+    left = (budget.refused, budget.why)
+    chosen, _ = _Pool(ctx, useful).greedy(st, budget, done)
+    if chosen:
+        chosen = _prune(ctx, st, chosen, done)
+    found = (_cost(ctx, chosen), chosen) if chosen and budget.accepts(chosen) else None
+    st.rollback()
+    if found is None:
+        budget.refused, budget.why = left
+    return found
 
 
 def _replays(budget: Budget, v: Workload, first_pass: tuple) -> bool:

@@ -792,15 +792,16 @@ def test_regress_combined_preemptions_do_not_take_each_other_back():
     assert not late, late
 
 
-@pytest.mark.xfail(strict=True, reason="open: a gang's reclaim stops at a guarantee its fractional victims reach first")
 def test_regress_an_entitled_gang_reclaims_whole_gpus_past_fractional_victims():
     """Found by the extended generator on a fresh random stream (node failure, over-committed
     quotas). When q0's 2-GPU workload ends, p1's borrowers start on the freed GPUs in the same
     cycle while q0's entitled 3-GPU gang waits. No GPU is wholly free; taking the two borrowers
     and one quarter-GPU victim would free three and leave dept above its guarantee, but every pass
     of the search first takes fractional victims that free no whole GPU (they share GPUs with
-    workloads that stay) and is refused at dept's guarantee. The gang starts 245 s after it became
-    entitled, the bound being 105 s. Open (the scenario file says more)."""
+    workloads that stay) and is refused at dept's guarantee. The gang started 245 s after it
+    became entitled, the bound being 105 s. A search that plans nothing for whole GPUs after
+    refusals now makes one more pass over only the victims on GPUs they can free whole
+    (``plan._whole_gpus_only``)."""
     late, report = liveness_failures(scenario_data("regress_entitled_gang_behind_fractional_victims"), 1)
     assert report["metrics"]["invariant_violations"] == 0
     assert not late, late
