@@ -28,8 +28,7 @@ import numpy as np
 from . import cycle
 from .cycle import Candidate, Cycle, Statement, fits_on
 from .fairshare import EPS
-from .model import MILLI
-from .model import PodPlacement, Workload
+from .model import MILLI, PodPlacement, Workload
 from .victims import lost_gpu_seconds_all
 
 MAX_ATTEMPTS = 5  # greedy passes per node (single pod) or per plan (gang)
@@ -45,6 +44,7 @@ class Budget:
     """Which victims a plan may take. The default takes any (priority preemption in a queue)."""
 
     refused = ""
+    why: dict = {}  # why ``refused`` (never mutated: a refusal replaces it)
 
     def reset(self) -> None:
         pass
@@ -78,9 +78,6 @@ class QueueSet:
 
     def __bool__(self) -> bool:
         return bool(self.mask.any())
-
-    def __len__(self) -> int:
-        return int(np.count_nonzero(self.mask))
 
     def __iter__(self) -> Iterator[str]:
         names = list(self._index)
@@ -541,7 +538,7 @@ def _search(ctx: Cycle, c: Candidate, victims: list[Workload], budget: Budget,
                 best = (cost, chosen)
         st.rollback()
         if tried == 1:
-            first_pass = (refused, (budget.refused, getattr(budget, "why", None)), turned_down)
+            first_pass = (refused, (budget.refused, budget.why), turned_down)
             if refused:  # the first pass had to skip victims: try starting from them
                 attempts.extend((v, False) for v in refused[:MAX_ATTEMPTS - 2])
             if refused or len(chosen) > 1:  # fewer, larger victims may lose no more work
@@ -967,10 +964,9 @@ def _derived_view(idx: _VictimIndex, base: tuple, gone: list[int], new: list[int
     lost afresh on the nodes those entries are on (a minimum: the same whatever else is there),
     and the entry and queue marks."""
     room, least, rounded, _, _, sel, mine = base
-    on, off = new, gone
     sel, mine = sel.copy(), mine.copy()
-    sel[on], sel[off] = True, False
-    e_on, e_off = idx.entries_of_queues(on), idx.entries_of_queues(off)
+    sel[new], sel[gone] = True, False
+    e_on, e_off = idx.entries_of_queues(new), idx.entries_of_queues(gone)
     mine[e_on], mine[e_off] = True, False
     touched = np.concatenate((e_on, e_off))
     if touched.size:
